@@ -1,0 +1,3 @@
+"""memdiag: memory diagnostics for Horovod collectives."""
+
+__version__ = "0.1.0"

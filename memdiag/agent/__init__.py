@@ -1,0 +1,1 @@
+"""The per-rank side of memdiag: hooks, samplers and the records they write."""

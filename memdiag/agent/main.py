@@ -1,0 +1,185 @@
+"""One rank of a memdiag run.
+
+Order matters: TensorFlow threads are sized before any op runs, the hooks are installed before the
+workload or the user's script imports anything from Horovod, and every exit path writes an ``end``
+record so the launcher can tell a finished rank from one that died.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import platform
+import runpy
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any
+
+from memdiag.agent.records import RecordWriter
+from memdiag.agent.sampler import MemorySampler, read_hwm
+from memdiag.agent.tracer import Tracer
+
+
+def encode_config(config: dict[str, Any]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(config).encode()).decode()
+
+
+def decode_config(text: str) -> dict[str, Any]:
+    return json.loads(base64.urlsafe_b64decode(text.encode()))
+
+
+def _rank_from_env() -> int:
+    for key in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "HOROVOD_RANK"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 0
+
+
+def _ranks_on_node() -> int:
+    for key in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "HOROVOD_LOCAL_SIZE"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    config = decode_config(argv[0])
+    rank = _rank_from_env()
+    spool = _spool_dir(config, rank)
+    writer = RecordWriter(os.path.join(spool, f"rank-{rank}.jsonl"), rank)
+    sampler = MemorySampler(config.get("sample_interval_s", 0.005))
+    sampler.start()
+    status, error, exit_code = "ok", None, 0
+    try:
+        _limit_threads(config)
+        import horovod.tensorflow as hvd
+
+        tracer = Tracer(writer, sampler, rank, auto_steps=config["script"] is not None)
+        from memdiag.agent.hooks import CollectiveHooks
+
+        hooks = CollectiveHooks(
+            tracer,
+            mode=config["mode"],
+            margin=config.get("margin", 1.0),
+            world_size=hvd.size,
+            on_decision=lambda d: writer.add({**d.as_record(), "step": tracer.step}),
+            fault=config.get("fault"),
+            check_reduction=config.get("check_reduction", False),
+        )
+        hooks.install()
+        hvd.init()
+        if hvd.rank() != rank:
+            raise RuntimeError(f"Horovod rank {hvd.rank()} differs from MPI rank {rank}")
+        writer.write_now(_start_record(config, hvd))
+        _run_workload(config, tracer, hvd, spool)
+        tracer.finish()
+    except SystemExit as exc:  # a user's script calling sys.exit()
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if code:
+            status, error, exit_code = "error", f"SystemExit({exc.code})", code
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the record file
+        status, error, exit_code = "error", "".join(traceback.format_exception(exc)), 1
+        print(f"memdiag: rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    sampler.stop()
+    writer.write_now({"type": "end", "status": status, "error": error, "hwm_bytes": read_hwm()})
+    writer.close()
+    if status == "ok":
+        _deliver(config, rank, spool)
+    return exit_code
+
+
+def _limit_threads(config: dict[str, Any]) -> None:
+    """Ranks sharing a node share its cores: size TF's pools so they do not fight over them."""
+    import tensorflow as tf
+
+    threads = config.get("threads_per_rank") or max(1, (os.cpu_count() or 1) // _ranks_on_node())
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
+
+
+def _start_record(config: dict[str, Any], hvd: Any) -> dict[str, Any]:
+    import horovod
+    import tensorflow as tf
+
+    try:
+        from mpi4py import MPI
+
+        mpi_version = MPI.Get_library_version().strip().splitlines()[0]
+    except Exception:  # noqa: BLE001 - versions are informative only
+        mpi_version = None
+    return {
+        "type": "start",
+        "size": hvd.size(),
+        "local_size": hvd.local_size(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "mode": config["mode"],
+        "versions": {
+            "python": platform.python_version(),
+            "tensorflow": tf.__version__,
+            "horovod": horovod.__version__,
+            "mpi": mpi_version,
+        },
+        "cpu_count": os.cpu_count(),
+    }
+
+
+def _run_workload(config: dict[str, Any], tracer: Tracer, hvd: Any, spool: str) -> None:
+    if config["script"] is not None:
+        sys.argv = [config["script"], *config.get("script_args", [])]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(config["script"])))
+        runpy.run_path(config["script"], run_name="__main__")
+        return
+    from memdiag.workloads.loop import WorkloadContext
+
+    ctx = WorkloadContext(
+        tracer=tracer,
+        rank=hvd.rank(),
+        size=hvd.size(),
+        steps=config["steps"],
+        seed=config.get("seed", 1234),
+        preset=config["preset"],
+        overrides=config.get("overrides", {}),
+        run_dir=spool,
+        check_params=config.get("check_params", True),
+    )
+    if config["workload"] == "resnet50":
+        from memdiag.workloads import resnet
+
+        resnet.run(ctx)
+    else:
+        from memdiag.workloads import transformer
+
+        transformer.run(ctx, workload=config["workload"])
+
+
+def _spool_dir(config: dict[str, Any], rank: int) -> str:
+    """Where this rank writes: the run directory, or a node-local folder when it is not shared."""
+    if config.get("spool") == "local":
+        path = os.path.join(tempfile.gettempdir(), f"memdiag-{config['run_id']}-rank{rank}")
+        os.makedirs(path, exist_ok=True)
+        return path
+    return config["run_dir"]
+
+
+def _deliver(config: dict[str, Any], rank: int, spool: str) -> None:
+    """Without a shared file system every rank sends its files to rank 0, which writes them."""
+    if config.get("spool") != "local":
+        return
+    from mpi4py import MPI
+
+    files = {name: open(os.path.join(spool, name), "rb").read() for name in sorted(os.listdir(spool))}
+    gathered = MPI.COMM_WORLD.gather(files, root=0)
+    if rank == 0:
+        os.makedirs(config["run_dir"], exist_ok=True)
+        for per_rank in gathered:
+            for name, data in per_rank.items():
+                with open(os.path.join(config["run_dir"], name), "wb") as f:
+                    f.write(data)
+    shutil.rmtree(spool, ignore_errors=True)

@@ -1,0 +1,70 @@
+"""Process memory over time, sampled on a background thread.
+
+RSS is read from /proc/self/statm (what psutil reads, without its per-call overhead) at a fixed
+interval; the kernel's high-water mark VmHWM (/proc/self/status) catches peaks between samples.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def read_rss() -> int:
+    with open("/proc/self/statm", "rb") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+def read_hwm() -> int:
+    """VmHWM in bytes: the peak resident set size since the process started."""
+    with open("/proc/self/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class MemorySampler:
+    """Samples RSS every ``interval_s``; keeps the series and the running peak of the current step."""
+
+    def __init__(self, interval_s: float = 0.005) -> None:
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._times: list[float] = []
+        self._rss: list[int] = []
+        self._step_peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="memdiag-sampler", daemon=True)
+
+    def start(self) -> None:
+        self.sample()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=1.0)
+        self.sample()
+
+    def sample(self) -> int:
+        rss = read_rss()
+        now = time.time()
+        with self._lock:
+            self._times.append(now)
+            self._rss.append(rss)
+            self._step_peak = max(self._step_peak, rss)
+        return rss
+
+    def take_step(self) -> tuple[int, list[float], list[int]]:
+        """Peak RSS since the last call, and the samples taken since then (cleared)."""
+        current = self.sample()
+        with self._lock:
+            peak, times, rss = self._step_peak, self._times, self._rss
+            self._times, self._rss, self._step_peak = [], [], current
+        return peak, times, rss
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()

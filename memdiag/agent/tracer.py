@@ -1,0 +1,112 @@
+"""Step bookkeeping and collective records for one rank.
+
+Built-in workloads mark steps explicitly (:meth:`Tracer.begin_step` / :meth:`Tracer.end_step`).
+A user's script is not changed, so its steps are found from the collectives themselves: the first
+gradient collective seen is the anchor, and each time it runs again a new step begins.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Any, Callable
+
+from memdiag.agent.records import RecordWriter
+from memdiag.agent.sampler import MemorySampler, read_hwm
+
+SETUP_STEP = -1
+
+
+class Tracer:
+    def __init__(
+        self,
+        writer: RecordWriter,
+        sampler: MemorySampler,
+        rank: int,
+        auto_steps: bool,
+        max_steps: int | None = None,
+    ) -> None:
+        self.writer = writer
+        self.sampler = sampler
+        self.rank = rank
+        self.auto_steps = auto_steps
+        self.max_steps = max_steps
+        self.step = SETUP_STEP if not auto_steps else 0
+        self._step_start = time.time()
+        self._lock = threading.RLock()
+        self._anchor: tuple | None = None
+        self._in_flight: dict[str, Any] | None = None
+        self.on_step_end: list[Callable[[int], dict[str, Any] | None]] = []
+
+    # -- steps -------------------------------------------------------------------------------
+    def begin_step(self, step: int) -> None:
+        with self._lock:
+            self.step = step
+            self._step_start = time.time()
+
+    def end_step(self, step: int | None = None, **extra: Any) -> None:
+        """Write the step's memory record and everything buffered during it, then flush."""
+        with self._lock:
+            step = self.step if step is None else step
+            now = time.time()
+            peak, times, rss = self.sampler.take_step()
+            record: dict[str, Any] = {
+                "type": "step",
+                "step": step,
+                "t_start": self._step_start,
+                "t_end": now,
+                "step_time_s": now - self._step_start,
+                "peak_rss_bytes": peak,
+                "hwm_bytes": read_hwm(),
+            }
+            for hook in self.on_step_end:
+                record.update(hook(step) or {})
+            record.update({k: _finite(v) for k, v in extra.items()})
+            if times:
+                self.writer.add({"type": "mem", "step": step, "times": times, "rss": rss})
+            self.writer.add(record)
+            self.writer.flush()
+
+    def finish(self) -> None:
+        """End the step in progress of an auto-stepped script."""
+        if self.auto_steps:
+            self.end_step()
+
+    # -- collectives -------------------------------------------------------------------------
+    def collective(self, meta: dict[str, Any], shape_in: list[int], shape_out: list[int]) -> None:
+        """Record one collective that has completed, with its runtime shapes."""
+        with self._lock:
+            if self.auto_steps and meta["op"] != "broadcast":
+                self._advance_auto_step(meta)
+            itemsize = meta["itemsize"]
+            record = {
+                "type": "collective",
+                "step": self.step,
+                "op": meta["op"],
+                "name": meta["name"],
+                "part": meta.get("part"),
+                "dtype": meta["dtype"],
+                "shape_in": shape_in,
+                "shape_out": shape_out,
+                "bytes_in": math.prod(shape_in) * itemsize,
+                "bytes_out": math.prod(shape_out) * itemsize,
+                "sparse": meta["sparse"],
+                "densified": meta["densified"],
+                "grouped": meta.get("grouped", False),
+            }
+            self.writer.add(record)
+
+    def _advance_auto_step(self, meta: dict[str, Any]) -> None:
+        key = (meta["op"], meta["name"], meta.get("part"))
+        if self._anchor is None:
+            self._anchor = key
+        elif key == self._anchor:
+            self.end_step()
+            self.begin_step(self.step + 1)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

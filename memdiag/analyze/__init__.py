@@ -1,0 +1,1 @@
+"""From records to conclusions: summary, prediction model and verification."""

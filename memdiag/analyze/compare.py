@@ -1,0 +1,174 @@
+"""The comparison of modes across rank counts: table rows, growth per added rank, correctness, verdict."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from typing import Any
+
+from memdiag.analyze import verify
+from memdiag.analyze.scaling import linear_fit
+
+
+def load_summary(run_dir: str) -> dict[str, Any]:
+    with open(os.path.join(run_dir, "summary.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def table_row(summary: dict[str, Any], run_dir: str) -> dict[str, Any]:
+    ranks = summary["ranks"]
+    step_times = [r["step_time_s"] for r in ranks if r["step_time_s"] is not None]
+    return {
+        "world_size": summary["world_size"],
+        "mode": summary["mode"],
+        "status": summary["status"],
+        "peak_rss_bytes_max": summary["peak_rss_bytes_max"],
+        "collective_bytes_per_rank": max((r["collective_bytes_per_step"] for r in ranks), default=0),
+        "allgather_bytes_per_rank": max((r["allgather_bytes_per_step"] for r in ranks), default=0),
+        "allreduce_bytes_per_rank": max((r["allreduce_bytes_per_step"] for r in ranks), default=0),
+        "step_time_s": max(step_times) if step_times else None,
+        "throughput_items_per_s": summary.get("throughput_items_per_s"),
+        "run_dir": os.path.basename(run_dir),
+    }
+
+
+def growth(rows: list[dict[str, Any]], key: str, min_world_size: int = 1) -> dict[str, float | None]:
+    """Per mode: the fitted increase of ``key`` per added rank, over rows with N >= min_world_size."""
+    by_mode: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        if row["world_size"] >= min_world_size:
+            by_mode[row["mode"]].append(row)
+    result = {}
+    for mode, mode_rows in by_mode.items():
+        fit = linear_fit([r["world_size"] for r in mode_rows], [r[key] for r in mode_rows])
+        result[mode] = None if fit is None else fit[0]
+    return result
+
+
+def predicted_growth(summaries: dict[tuple[int, str], dict[str, Any]]) -> int | None:
+    """Bytes each added rank adds to every rank's allgather output: the formula's N coefficient.
+
+    It is the sum over gathered tensors of one rank's contribution, rows_per_rank x (row + index
+    bytes), which is exactly each allgather's per-rank input size.
+    """
+    sparse = [(n, s) for (n, mode), s in summaries.items() if mode == "sparse" and n > 1]
+    if not sparse:
+        return None
+    _, summary = max(sparse, key=lambda item: item[0])
+    return sum(c["bytes_in_per_rank"] for c in summary["collectives"] if c["op"] == "allgather")
+
+
+def growth_tensors(summaries: dict[tuple[int, str], dict[str, Any]]) -> list[dict[str, Any]]:
+    """The IndexedSlices gradients that were gathered, with what auto chose for each and why."""
+    sparse = [(n, s) for (n, mode), s in summaries.items() if mode == "sparse" and n > 1]
+    autos = [(n, s) for (n, mode), s in summaries.items() if mode == "auto"]
+    auto_policy = {}
+    if autos:
+        _, auto_summary = max(autos, key=lambda item: item[0])
+        auto_policy = {p["name"]: p for p in auto_summary.get("policy", [])}
+        auto_n = max(n for n, _ in autos)
+    tensors: dict[str, dict[str, Any]] = {}
+    if sparse:
+        n, summary = max(sparse, key=lambda item: item[0])
+        for c in summary["collectives"]:
+            if c["op"] != "allgather" or not c["sparse"]:
+                continue
+            entry = tensors.setdefault(c["name"], {"name": c["name"], "growth_bytes_per_rank": 0,
+                                                   "gathered_bytes": 0, "at_world_size": n})
+            entry["growth_bytes_per_rank"] += c["bytes_in_per_rank"]
+            entry["gathered_bytes"] += c["bytes_out_per_rank"]
+    for name, policy in auto_policy.items():
+        entry = tensors.setdefault(name, {"name": name, "growth_bytes_per_rank": None,
+                                          "gathered_bytes": None, "at_world_size": None})
+        entry["auto_decision"] = policy["decision"]
+        entry["auto_reason"] = policy["reason"]
+        entry["auto_world_size"] = auto_n
+    return sorted(tensors.values(), key=lambda t: -(t["growth_bytes_per_rank"] or 0))
+
+
+def reduction_result(verify_summary: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Both reductions of the same IndexedSlices gradients, compared in one process."""
+    if verify_summary is None:
+        return None
+    checks = verify_summary.get("reduction_checks", [])
+    worst = max(checks, key=lambda c: c["max_rel_diff"], default=None)
+    return {
+        "world_size": verify_summary["world_size"],
+        "tensors": sorted({c["name"] for c in checks}),
+        "max_abs_diff": None if worst is None else worst["max_abs_diff"],
+        "max_rel_diff": None if worst is None else worst["max_rel_diff"],
+        "rtol": verify.REDUCTION_RTOL,
+        "passed": None if not checks else all(c["max_rel_diff"] <= verify.REDUCTION_RTOL for c in checks),
+    }
+
+
+def correctness(run_dirs: dict[tuple[int, str], str], summaries: dict[tuple[int, str], dict[str, Any]],
+                verify_summary: dict[str, Any] | None = None, reference_mode: str = "sparse") -> dict[str, Any]:
+    """Parameters and losses of every mode against the reference mode at the same rank count,
+    and the reduction check of the verification run."""
+    checks = []
+    for (n, mode), run_dir in sorted(run_dirs.items()):
+        ref_key = (n, reference_mode)
+        if mode == reference_mode or ref_key not in run_dirs:
+            continue
+        ref_params = os.path.join(run_dirs[ref_key], "params.npz")
+        params = os.path.join(run_dir, "params.npz")
+        if not (os.path.exists(ref_params) and os.path.exists(params)):
+            checks.append({"world_size": n, "mode": mode, "against": reference_mode, "passed": False,
+                           "max_abs_diff": None, "max_rel_diff": None, "loss_max_rel_diff": None,
+                           "note": "parameters missing (run failed?)", "variables": []})
+            continue
+        diffs = verify.compare_parameters(verify.load_parameters(ref_params), verify.load_parameters(params))
+        losses = verify.compare_losses(_losses(summaries[ref_key]), _losses(summaries[(n, mode)]))
+        checks.append({
+            "world_size": n, "mode": mode, "against": reference_mode,
+            "passed": all(d.passed for d in diffs) and losses <= verify.RTOL,
+            "max_abs_diff": max((d.max_abs_diff for d in diffs), default=0.0),
+            "max_rel_diff": max((d.max_rel_diff for d in diffs), default=0.0),
+            "loss_max_rel_diff": losses,
+            "variables": [d.__dict__ for d in diffs],
+        })
+    consistent = [s["consistency"].get("ranks_identical") for s in summaries.values()]
+    ranks_identical = None if all(c is None for c in consistent) else all(c is not False for c in consistent)
+    reduction = reduction_result(verify_summary)
+    passed = None
+    if checks or ranks_identical is not None or (reduction and reduction["passed"] is not None):
+        passed = (all(c["passed"] for c in checks) and ranks_identical is not False
+                  and (reduction is None or reduction["passed"] is not False))
+    return {
+        "passed": passed,
+        "max_abs_diff": max((c["max_abs_diff"] or 0.0 for c in checks), default=None),
+        "max_rel_diff": max((c["max_rel_diff"] or 0.0 for c in checks), default=None),
+        "rtol": verify.RTOL,
+        "atol": verify.ATOL,
+        "ranks_identical_every_step": ranks_identical,
+        "reduction": reduction,
+        "checks": checks,
+    }
+
+
+def _losses(summary: dict[str, Any]) -> list[float | None]:
+    return [s["loss_mean"] for s in summary.get("steps_detail", [])]
+
+
+def build(target: str, preset: str | None, run_dirs: dict[tuple[int, str], str],
+          verify_dir: str | None = None) -> dict[str, Any]:
+    summaries = {key: load_summary(path) for key, path in run_dirs.items()}
+    verify_summary = load_summary(verify_dir) if verify_dir else None
+    rows = [table_row(summaries[key], run_dirs[key]) for key in sorted(summaries)]
+    return {
+        "workload": target,
+        "preset": preset,
+        "rows": rows,
+        "growth_bytes_per_rank": growth(rows, "peak_rss_bytes_max"),
+        # One rank runs no collective at all: the N coefficient is fitted from N >= 2 where possible.
+        "collective_growth_bytes_per_rank": growth(
+            rows, "collective_bytes_per_rank",
+            2 if len({r["world_size"] for r in rows if r["world_size"] >= 2}) >= 2 else 1),
+        "predicted_growth_bytes_per_rank": predicted_growth(summaries),
+        "tensors": growth_tensors(summaries),
+        "correctness": correctness(run_dirs, summaries, verify_summary),
+        "oversubscribed": any(s.get("oversubscribed") for s in summaries.values()),
+        "all_ok": all(r["status"] == "ok" for r in rows),
+    }

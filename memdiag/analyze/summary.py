@@ -1,0 +1,153 @@
+"""``summary.json``: one run's records reduced to per-rank and per-tensor figures."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from memdiag.collect import RankRecords, Run
+
+SETUP_STEP = -1
+
+
+def rank_status(records: RankRecords) -> str:
+    if records.end is not None:
+        return records.end.get("status", "ok")
+    return "died" if records.steps or records.start else "missing"
+
+
+def _training_steps(records: RankRecords) -> list[dict[str, Any]]:
+    return [s for s in records.steps if s.get("step", 0) >= 0]
+
+
+def typical_step_time(steps: list[dict[str, Any]]) -> float | None:
+    """Median step time, leaving out step 0 (graph tracing) when later steps exist."""
+    times = [s["step_time_s"] for s in steps if s.get("step", 0) >= 1] or [s["step_time_s"] for s in steps]
+    return statistics.median(times) if times else None
+
+
+def rank_summary(records: RankRecords) -> dict[str, Any]:
+    steps = _training_steps(records)
+    step_ids = {s["step"] for s in steps}
+    per_op: dict[str, int] = defaultdict(int)
+    for c in records.collectives:
+        if c.get("step") in step_ids:
+            per_op[c["op"]] += c["bytes_out"]
+    n = max(1, len(step_ids))
+    peaks = [s["peak_rss_bytes"] for s in records.steps if "peak_rss_bytes" in s]
+    hwms = [s.get("hwm_bytes", 0) for s in records.steps] + [(records.end or {}).get("hwm_bytes", 0)]
+    end = records.end or {}
+    return {
+        "rank": records.rank,
+        "status": rank_status(records),
+        "host": (records.start or {}).get("host"),
+        "steps_completed": len(steps),
+        "last_step": max(step_ids) if step_ids else None,
+        "peak_rss_bytes": max(peaks) if peaks else None,
+        "hwm_bytes": max(hwms) or None,
+        "allgather_bytes_per_step": per_op.get("allgather", 0) // n,
+        "allreduce_bytes_per_step": per_op.get("allreduce", 0) // n,
+        "collective_bytes_per_step": sum(per_op.values()) // n,
+        "step_time_s": typical_step_time(steps),
+        "error": end.get("error"),
+    }
+
+
+def collective_summary(run: Run) -> list[dict[str, Any]]:
+    """One entry per (tensor, op, part) over the training steps of every rank."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for records in run.ranks.values():
+        for c in records.collectives:
+            if c.get("step", 0) >= 0:
+                groups[(c["name"], c["op"], c.get("part"))].append(c)
+    entries = []
+    for (name, op, part), calls in groups.items():
+        last = calls[-1]
+        steps = {(c["rank"], c["step"]) for c in calls}
+        entries.append({
+            "name": name,
+            "op": op,
+            "part": part,
+            "sparse": bool(last.get("sparse")),
+            "densified": bool(last.get("densified")),
+            "dtype": last.get("dtype"),
+            "shape_in": last.get("shape_in"),
+            "shape_out": last.get("shape_out"),
+            "rows_in": (last.get("shape_in") or [None])[0],
+            "rows_out": (last.get("shape_out") or [None])[0],
+            "bytes_in_per_rank": max(c["bytes_in"] for c in calls),
+            "bytes_out_per_rank": max(c["bytes_out"] for c in calls),
+            "bytes_out_mean": sum(c["bytes_out"] for c in calls) / len(calls),
+            "calls_per_step": len(calls) / max(1, len(steps)),
+        })
+    entries.sort(key=lambda e: (-e["bytes_out_per_rank"], e["name"], e["part"] or ""))
+    return entries
+
+
+def step_summary(run: Run) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Per step across ranks: loss, slowest rank, highest peak, and whether parameters agree."""
+    by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for records in run.ranks.values():
+        for s in _training_steps(records):
+            by_step[s["step"]].append(s)
+    rows, mismatched = [], []
+    checked = 0
+    for step in sorted(by_step):
+        entries = by_step[step]
+        digests = {e["param_digest"] for e in entries if "param_digest" in e}
+        identical = None
+        if digests and len(entries) == len(run.ranks):
+            checked += 1
+            identical = len(digests) == 1
+            if not identical:
+                mismatched.append(step)
+        losses = [e["loss"] for e in entries if e.get("loss") is not None]
+        rows.append({
+            "step": step,
+            "loss_mean": statistics.fmean(losses) if losses else None,
+            "step_time_s_max": max(e["step_time_s"] for e in entries),
+            "peak_rss_bytes_max": max(e["peak_rss_bytes"] for e in entries),
+            "params_identical_across_ranks": identical,
+        })
+    consistency = {"checked_steps": checked, "ranks_identical": not mismatched if checked else None,
+                   "mismatched_steps": mismatched}
+    return rows, consistency
+
+
+def summarize(run: Run) -> dict[str, Any]:
+    m = run.manifest
+    ranks = [rank_summary(run.ranks[r]) for r in sorted(run.ranks)]
+    steps, consistency = step_summary(run)
+    items = [s.get("items") for r in run.ranks.values() for s in _training_steps(r) if s.get("items")]
+    step_times = [r["step_time_s"] for r in ranks if r["step_time_s"]]
+    throughput = None
+    if items and step_times:
+        throughput = len(ranks) * statistics.median(items) / max(step_times)
+    policy: dict[str, dict[str, Any]] = {}
+    for records in run.ranks.values():
+        for p in records.policies:
+            policy.setdefault(p["name"], {k: p.get(k) for k in ("name", "decision", "reason",
+                                                                 "gathered_bytes", "dense_bytes",
+                                                                 "rows_per_rank")})
+    peaks = [r["peak_rss_bytes"] for r in ranks if r["peak_rss_bytes"]]
+    checks = [c for records in run.ranks.values() for c in records.reduction_checks]
+    return {
+        "workload": m.get("workload"),
+        "script": m.get("script"),
+        "preset": m.get("preset"),
+        "mode": m.get("mode"),
+        "world_size": m.get("world_size"),
+        "steps": m.get("steps"),
+        "status": m.get("status"),
+        "oversubscribed": m.get("oversubscribed"),
+        "peak_rss_bytes_max": max(peaks) if peaks else None,
+        "throughput_items_per_s": throughput,
+        "ranks": ranks,
+        "collectives": collective_summary(run),
+        "policy": sorted(policy.values(), key=lambda p: p["name"]),
+        "steps_detail": steps,
+        "consistency": consistency,
+        "reduction_checks": checks,
+        "warnings": list(run.warnings),
+    }

@@ -1,0 +1,63 @@
+"""Does the fix keep training the same? Parameters and losses compared between modes.
+
+Reducing IndexedSlices by allgather and by dense allreduce adds the same numbers in a different
+order, so float32 results agree to rounding, not bit for bit. The tolerance says how close is same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# Parameters after a few optimizer steps: float32 sums re-associated across ranks, then Adam.
+RTOL = 1e-4
+ATOL = 1e-6
+# One reduced gradient, both ways: the same N float32 terms summed in another order.
+REDUCTION_RTOL = 1e-5
+
+
+@dataclass(frozen=True)
+class VariableDiff:
+    name: str
+    max_abs_diff: float
+    max_rel_diff: float
+    passed: bool
+
+
+def load_parameters(path: str) -> dict[str, np.ndarray]:
+    with np.load(path) as data:
+        return {key.split(":", 1)[1] if ":" in key else key: data[key] for key in data.files}
+
+
+def compare_parameters(reference: dict[str, np.ndarray], other: dict[str, np.ndarray],
+                       rtol: float = RTOL, atol: float = ATOL) -> list[VariableDiff]:
+    """Per variable: max |a - b|, max |a - b| / |a|, and whether |a - b| <= atol + rtol |a| holds."""
+    if set(reference) != set(other):
+        missing = sorted(set(reference) ^ set(other))
+        return [VariableDiff(name, float("inf"), float("inf"), False) for name in missing]
+    diffs = []
+    for name, ref in reference.items():
+        got = other[name]
+        if ref.shape != got.shape:
+            diffs.append(VariableDiff(name, float("inf"), float("inf"), False))
+            continue
+        ref64, got64 = ref.astype(np.float64), got.astype(np.float64)
+        delta = np.abs(ref64 - got64)
+        scale = np.abs(ref64)
+        rel = np.divide(delta, scale, out=np.zeros_like(delta), where=scale > 0)
+        passed = bool(np.all(delta <= atol + rtol * scale))
+        diffs.append(VariableDiff(name, float(delta.max(initial=0.0)), float(rel.max(initial=0.0)), passed))
+    return diffs
+
+
+def compare_losses(reference: list[float | None], other: list[float | None], rtol: float = RTOL) -> float:
+    """Largest relative difference between two loss curves (inf if their lengths differ)."""
+    if len(reference) != len(other):
+        return float("inf")
+    worst = 0.0
+    for a, b in zip(reference, other):
+        if a is None or b is None:
+            continue
+        worst = max(worst, abs(a - b) / max(abs(a), 1e-12))
+    return worst

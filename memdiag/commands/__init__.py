@@ -1,0 +1,13 @@
+"""The CLI's verbs. Each is a small class: ``prepare_parser`` declares, ``run`` delegates."""
+
+from __future__ import annotations
+
+from memdiag.commands.compare import CompareCommand
+from memdiag.commands.report import ReportCommand
+from memdiag.commands.run import RunCommand
+
+COMMANDS = {
+    "run": RunCommand,
+    "compare": CompareCommand,
+    "report": ReportCommand,
+}

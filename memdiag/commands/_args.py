@@ -1,0 +1,65 @@
+"""Argument types shared by the verbs: each rejects bad input with a message that says what to do."""
+
+from __future__ import annotations
+
+import argparse
+
+from memdiag.policy import MODES
+
+
+def positive_int(what: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be a whole number, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{what} must be at least 1, got {value}")
+        return value
+
+    return parse
+
+
+def positive_float(what: str):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be a number, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{what} must be positive, got {text}")
+        return value
+
+    return parse
+
+
+def key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--set takes key=value, got {text!r}")
+    return key.strip(), value.strip()
+
+
+def add_launch_options(parser: argparse.ArgumentParser, default_steps: int) -> None:
+    """Options common to every verb that starts ranks."""
+    parser.add_argument("--steps", type=positive_int("--steps"), default=default_steps,
+                        help=f"training steps per run (default {default_steps})")
+    parser.add_argument("--preset", default="tiny", help="preset of a built-in workload (default tiny)")
+    parser.add_argument("--set", dest="overrides", type=key_value, action="append", default=[],
+                        metavar="KEY=VALUE", help="override one preset setting, e.g. --set vocab_size=33945")
+    parser.add_argument("--margin", type=positive_float("--margin"), default=1.0,
+                        help="auto: densify when gathered bytes exceed dense bytes x margin (default 1.0)")
+    parser.add_argument("--hosts", help="hosts passed to mpirun -H, e.g. node1:4,node2:4")
+    parser.add_argument("--timeout", type=positive_float("--timeout"), default=None, metavar="SECONDS",
+                        help="end the job if it runs longer than this")
+    parser.add_argument("--seed", type=int, default=1234, help="seed of data and initial parameters")
+    parser.add_argument("--spool", choices=("shared", "local"), default="shared",
+                        help="shared: ranks write into the run directory; local: ranks write to "
+                             "node-local storage and send their records to rank 0 at the end")
+    parser.add_argument("--force", action="store_true", help="replace an existing output directory")
+
+
+def mode_choice(text: str) -> str:
+    if text not in MODES:
+        raise argparse.ArgumentTypeError(f"mode must be one of {', '.join(MODES)}, got {text!r}")
+    return text

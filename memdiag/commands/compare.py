@@ -1,0 +1,69 @@
+"""``memdiag compare sparse-vs-dense WORKLOAD -n 1,2,4``: every mode at every rank count, one verdict."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+from memdiag.commands._args import add_launch_options
+
+
+class CompareCommand:
+    help = "run sparse, dense and auto at several rank counts and compare memory, speed and results"
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("what", choices=("sparse-vs-dense",), help="the comparison to make")
+        parser.add_argument("target", help="built-in workload or path to a .py script")
+        parser.add_argument("-n", "--ranks", dest="ranks", default="1,2,4",
+                            help="comma-separated rank counts (default 1,2,4)")
+        parser.add_argument("--modes", default="sparse,dense,auto", help="modes to run (default all three)")
+        parser.add_argument("--out", help="directory for the comparison (default runs/compare-NAME-TIME)")
+        parser.add_argument("--inject-fault", choices=("sum-densified",), help=argparse.SUPPRESS)
+        add_launch_options(parser, default_steps=4)
+
+    def run(self, args: argparse.Namespace, script_args: list[str]) -> int:
+        from memdiag.compare import CompareRequest, run_compare
+        from memdiag.report.compare import print_compare
+        from memdiag.units import parse_rank_list
+
+        request = CompareRequest(
+            target=args.target, rank_counts=parse_rank_list(args.ranks), modes=_modes(args.modes),
+            steps=args.steps, preset=args.preset, out=args.out, force=args.force, hosts=args.hosts,
+            timeout_s=args.timeout, margin=args.margin, seed=args.seed, script_args=script_args,
+            overrides=dict(args.overrides), spool=args.spool, fault=args.inject_fault,
+        )
+        result = run_compare(request, Console(stderr=True))
+        print_compare(result, Console())
+        Console().print(f"comparison directory: {request.out}")
+        return 0 if result["all_ok"] and result["correctness"]["passed"] is not False else 1
+
+
+def _modes(text: str) -> list[str]:
+    from memdiag._errors import UserError
+    from memdiag.policy import MODES
+
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise UserError(f"--modes {text!r}: choose from {', '.join(MODES)}, e.g. sparse,dense,auto")
+    return modes
+
+
+def render_compare_dir(path: str, fmt: str) -> int:
+    import json
+    import os
+
+    with open(os.path.join(path, "compare.json"), encoding="utf-8") as f:
+        result = json.load(f)
+    if fmt == "json":
+        print(json.dumps(result, indent=2))
+    elif fmt == "markdown":
+        from memdiag.report.markdown import compare_markdown
+
+        print(compare_markdown(result))
+    else:
+        from memdiag.report.compare import print_compare
+
+        print_compare(result, Console())
+    return 0

@@ -1,0 +1,59 @@
+"""``memdiag run WORKLOAD|SCRIPT -n N [--mode ...] [-- script args]``"""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+from memdiag.commands._args import add_launch_options, mode_choice, positive_int
+
+
+class RunCommand:
+    help = "run a workload or a training script on N ranks with per-rank tracing"
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("target", help="built-in workload (transformer, mixed, resnet50) or path to a .py script")
+        parser.add_argument("-n", "--ranks", dest="world_size", type=positive_int("-n"), required=True,
+                            help="number of MPI ranks")
+        parser.add_argument("--mode", type=mode_choice, default="sparse",
+                            help="sparse (Horovod's default) | dense (densify every IndexedSlices) | auto")
+        parser.add_argument("--out", help="run directory to create (default runs/NAME-MODE-nN-TIME)")
+        add_launch_options(parser, default_steps=5)
+
+    def run(self, args: argparse.Namespace, script_args: list[str]) -> int:
+        from memdiag.collect import load_run
+        from memdiag.launch.session import RunRequest, execute
+        from memdiag.report.terminal import print_run
+        import json, os
+
+        request = RunRequest(
+            target=args.target, world_size=args.world_size, mode=args.mode, steps=args.steps,
+            preset=args.preset, out=args.out, force=args.force, hosts=args.hosts,
+            timeout_s=args.timeout, margin=args.margin, seed=args.seed, script_args=script_args,
+            overrides=dict(args.overrides), spool=args.spool,
+        )
+        console = Console(stderr=True)
+        with console.status(f"running {request.label} on {request.world_size} rank(s), mode {request.mode}"):
+            out = execute(request)
+        run = load_run(out)
+        with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
+            summary = json.load(f)
+        print_run(summary, run.manifest, Console())
+        Console().print(f"run directory: {out}")
+        if run.manifest.get("status") != "ok":
+            _print_log_tail(out, console)
+            return 1
+        return 0
+
+
+def _print_log_tail(out: str, console: Console, lines: int = 15) -> None:
+    import os
+
+    path = os.path.join(out, "mpirun.log")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            tail = f.read().splitlines()[-lines:]
+        console.print(f"last lines of {path}:", style="yellow")
+        for line in tail:
+            console.print(line, markup=False, highlight=False)

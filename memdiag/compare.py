@@ -1,0 +1,83 @@
+"""``memdiag compare``: run each mode at each rank count, then analyse them together."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from memdiag.analyze import compare as analysis
+from memdiag.launch.session import RunRequest, execute, prepare_run_dir, validate
+
+
+@dataclass
+class CompareRequest:
+    target: str
+    rank_counts: list[int]
+    modes: list[str]
+    steps: int = 4
+    preset: str = "tiny"
+    out: str | None = None
+    force: bool = False
+    hosts: str | None = None
+    timeout_s: float | None = None
+    margin: float = 1.0
+    seed: int = 1234
+    script_args: list[str] = field(default_factory=list)
+    overrides: dict[str, str] = field(default_factory=dict)
+    spool: str = "shared"
+    fault: str | None = None
+
+    def run_request(self, world_size: int, mode: str, out: str) -> RunRequest:
+        return RunRequest(
+            target=self.target, world_size=world_size, mode=mode, steps=self.steps, preset=self.preset,
+            out=out, hosts=self.hosts, timeout_s=self.timeout_s, margin=self.margin, seed=self.seed,
+            script_args=self.script_args, overrides=self.overrides, spool=self.spool, fault=self.fault,
+        )
+
+
+def run_compare(request: CompareRequest, console: Console) -> dict[str, Any]:
+    # Everything is checked before the first directory is made.
+    for n in request.rank_counts:
+        for mode in request.modes:
+            validate(request.run_request(n, mode, out=""))
+    if request.out is None:
+        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        label = request.run_request(1, "sparse", "").label
+        request.out = os.path.join("runs", f"compare-{label}-{stamp}")
+    prepare_run_dir(request.out, request.force)
+    runs = [(n, mode) for n in request.rank_counts for mode in request.modes]
+    verify_n = min((n for n in request.rank_counts if n > 1), default=None)
+    run_dirs: dict[tuple[int, str], str] = {}
+    verify_dir = None
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        overall = progress.add_task("comparison", total=len(runs))
+        for n, mode in runs:
+            task = progress.add_task(f"  N={n} {mode}: steps", total=request.steps)
+            out = os.path.join(request.out, f"n{n}-{mode}")
+            run_dirs[(n, mode)] = execute(request.run_request(n, mode, out),
+                                          on_steps=lambda done, t=task: progress.update(t, completed=done))
+            progress.remove_task(task)
+            progress.advance(overall)
+            console.print(f"  finished N={n} {mode}", highlight=False)
+        if verify_n is not None:
+            # A separate short run reduces every IndexedSlices gradient both ways and compares the
+            # results; kept apart so that its extra collectives never touch the measured runs.
+            progress.update(overall, description=f"reduction check at N={verify_n}")
+            check = request.run_request(verify_n, "sparse", os.path.join(request.out, f"verify-n{verify_n}"))
+            check.steps, check.check_reduction = 1, True
+            verify_dir = execute(check)
+    preset = None if request.run_request(1, "sparse", "").is_script else request.preset
+    result = analysis.build(request.run_request(1, "sparse", "").label, preset, run_dirs, verify_dir)
+    result["rank_counts"] = request.rank_counts
+    result["modes"] = request.modes
+    result["steps"] = request.steps
+    with open(os.path.join(request.out, "compare.json"), "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=2, default=str)
+    return result

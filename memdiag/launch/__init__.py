@@ -1,0 +1,1 @@
+"""Starting N ranks under mpirun and supervising them."""

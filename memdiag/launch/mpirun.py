@@ -1,0 +1,103 @@
+"""Build the mpirun command line and run it under supervision (timeout, whole process group)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from memdiag._errors import UserError
+
+# Variables the ranks need on other hosts too (mpirun passes them with -x).
+_FORWARD = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "TF_CPP_MIN_LOG_LEVEL")
+_FORWARD_PREFIXES = ("HOROVOD_", "MEMDIAG_")
+
+
+@dataclass
+class Launch:
+    world_size: int
+    agent_args: list[str]
+    hosts: str | None = None
+    timeout_s: float | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+    mpirun_args: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    returncode: int
+    timed_out: bool
+    wall_s: float
+    command: list[str]
+
+
+def find_mpirun() -> str:
+    path = shutil.which("mpirun")
+    if path is None:
+        raise UserError("mpirun not found on PATH; install OpenMPI (run `make setup`) or add it to PATH")
+    return path
+
+
+def command(launch: Launch) -> list[str]:
+    cmd = [find_mpirun(), "-np", str(launch.world_size), "--oversubscribe", "--bind-to", "none"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    if launch.hosts:
+        cmd += ["-H", launch.hosts]
+    env = {**os.environ, **launch.extra_env}
+    names = [k for k in env if k in _FORWARD or k.startswith(_FORWARD_PREFIXES)]
+    for name in sorted(set(names)):
+        cmd += ["-x", name]
+    cmd += launch.mpirun_args
+    cmd += [sys.executable, "-m", "memdiag.agent", *launch.agent_args]
+    return cmd
+
+
+def run(launch: Launch, log_path: str, poll: Callable[[], None] | None = None) -> LaunchResult:
+    """Run mpirun with its output in ``log_path``; on timeout, end the whole process group.
+
+    ``poll`` is called about twice a second while the ranks run (progress displays).
+    """
+    cmd = command(launch)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+           **launch.extra_env}
+    start = time.monotonic()
+    timed_out = False
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True)
+        try:
+            while True:
+                try:
+                    proc.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    if poll is not None:
+                        poll()
+                    if launch.timeout_s is not None and time.monotonic() - start > launch.timeout_s:
+                        timed_out = True
+                        _end_group(proc)
+                        break
+        except KeyboardInterrupt:
+            _end_group(proc)
+            raise
+    return LaunchResult(proc.returncode, timed_out, time.monotonic() - start, cmd)
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to mpirun and every rank it started, then SIGKILL what is left."""
+    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue

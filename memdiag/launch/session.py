@@ -1,0 +1,221 @@
+"""One ``memdiag run``: validate, create the run directory, launch, collect, summarise."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from memdiag import __version__
+from memdiag._errors import UserError
+from memdiag.agent.main import encode_config
+from memdiag.collect import RUN_MANIFEST, SUMMARY, load_run
+from memdiag.launch import mpirun
+from memdiag.policy import MODES
+from memdiag.workloads import WORKLOADS, check as check_workload
+
+
+@dataclass
+class RunRequest:
+    target: str  # a built-in workload name or a path to a training script
+    world_size: int
+    mode: str = "sparse"
+    steps: int = 5
+    preset: str = "tiny"
+    out: str | None = None
+    force: bool = False
+    hosts: str | None = None
+    timeout_s: float | None = None
+    margin: float = 1.0
+    seed: int = 1234
+    script_args: list[str] = field(default_factory=list)
+    overrides: dict[str, str] = field(default_factory=dict)
+    spool: str = "shared"
+    check_params: bool = True
+    sample_interval_s: float = 0.005
+    fault: str | None = None  # injected on purpose by tests of the verification
+    check_reduction: bool = False  # reduce each IndexedSlices both ways and compare (verification runs)
+
+    @property
+    def is_script(self) -> bool:
+        return self.target.endswith(".py") or os.sep in self.target
+
+    @property
+    def label(self) -> str:
+        return os.path.splitext(os.path.basename(self.target))[0] if self.is_script else self.target
+
+
+def validate(request: RunRequest) -> None:
+    if request.world_size < 1:
+        raise UserError(f"-n {request.world_size}: the number of ranks must be at least 1")
+    if request.mode not in MODES:
+        raise UserError(f"--mode {request.mode!r}: choose one of {', '.join(MODES)}")
+    if request.steps < 1:
+        raise UserError(f"--steps {request.steps}: run at least 1 step")
+    if request.margin <= 0:
+        raise UserError(f"--margin {request.margin}: the margin must be a positive factor, e.g. 1.0")
+    if request.is_script:
+        if not os.path.isfile(request.target):
+            raise UserError(f"script {request.target} not found; give the path of a Python training script")
+    elif request.target not in WORKLOADS:
+        raise UserError(f"unknown workload {request.target!r}; choose one of {', '.join(WORKLOADS)} "
+                        "or give a path to a .py script")
+    else:
+        check_workload(request.target, request.preset)
+    mpirun.find_mpirun()
+
+
+def default_out(request: RunRequest) -> str:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = os.path.join("runs", f"{request.label}-{request.mode}-n{request.world_size}-{stamp}")
+    path, k = base, 1
+    while os.path.exists(path):
+        k += 1
+        path = f"{base}-{k}"
+    return path
+
+
+def prepare_run_dir(path: str, force: bool) -> None:
+    """Create the run directory; never overwrite an existing one unless asked to."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise UserError(f"--out {path} exists and is not a directory; choose another path")
+        if os.listdir(path):
+            if not force:
+                raise UserError(f"--out {path} already exists; choose another path or add --force to replace it")
+            shutil.rmtree(path)
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, ".write-test")
+        with open(probe, "w") as f:
+            f.write("")
+        os.remove(probe)
+    except OSError as exc:
+        raise UserError(f"cannot write to --out {path} ({exc.strerror}); choose a writable directory") from None
+
+
+def write_manifest(path: str, manifest: dict[str, Any]) -> None:
+    tmp = os.path.join(path, RUN_MANIFEST + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2, default=str)
+    os.replace(tmp, os.path.join(path, RUN_MANIFEST))
+
+
+def write_summary(path: str, summary: dict[str, Any]) -> None:
+    tmp = os.path.join(path, SUMMARY + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2, default=str)
+    os.replace(tmp, os.path.join(path, SUMMARY))
+
+
+def ranks_per_host(request: RunRequest) -> int:
+    if not request.hosts:
+        return request.world_size
+    slots = []
+    for entry in request.hosts.split(","):
+        _, _, count = entry.partition(":")
+        slots.append(int(count) if count.isdigit() else 1)
+    return max(1, -(-request.world_size // max(1, len(slots))))
+
+
+class StepWatcher:
+    """Counts the steps rank 0 has finished by reading its record file as it grows."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.steps = 0
+        self._offset = 0
+        self._partial = b""
+
+    def poll(self) -> int:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return self.steps
+        self._offset += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        self.steps += sum(1 for line in lines if line.startswith(b'{"type":"step"') and b'"step":-1' not in line)
+        return self.steps
+
+
+def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None) -> str:
+    """Run ``request`` to completion and return its run directory (summary.json written).
+
+    ``on_steps`` is told how many training steps rank 0 has finished, while the run goes on.
+    """
+    validate(request)
+    out = request.out or default_out(request)
+    prepare_run_dir(out, request.force)
+    run_id = uuid.uuid4().hex[:12]
+    config = {
+        "run_id": run_id,
+        "run_dir": os.path.abspath(out),
+        "workload": None if request.is_script else request.target,
+        "script": os.path.abspath(request.target) if request.is_script else None,
+        "script_args": request.script_args,
+        "preset": request.preset,
+        "overrides": request.overrides,
+        "mode": request.mode,
+        "steps": request.steps,
+        "margin": request.margin,
+        "seed": request.seed,
+        "spool": request.spool,
+        "check_params": request.check_params,
+        "sample_interval_s": request.sample_interval_s,
+        "fault": request.fault,
+        "check_reduction": request.check_reduction,
+    }
+    cores = os.cpu_count() or 1
+    manifest: dict[str, Any] = {
+        "memdiag_version": __version__,
+        "run_id": run_id,
+        "argv": sys.argv,
+        "request": asdict(request),
+        "workload": request.label,
+        "script": config["script"],
+        "preset": None if request.is_script else request.preset,
+        "mode": request.mode,
+        "world_size": request.world_size,
+        "steps": request.steps,
+        "hosts": request.hosts,
+        "cores_per_host": cores,
+        "oversubscribed": ranks_per_host(request) > cores,
+        "created": time.time(),
+        "status": "running",
+    }
+    write_manifest(out, manifest)
+    launch = mpirun.Launch(request.world_size, [encode_config(config)], hosts=request.hosts,
+                           timeout_s=request.timeout_s)
+    watcher = StepWatcher(os.path.join(out, "rank-0.jsonl"))
+    poll = None if on_steps is None or request.spool == "local" else (lambda: on_steps(watcher.poll()))
+    result = mpirun.run(launch, os.path.join(out, "mpirun.log"), poll)
+    run = load_run(out)
+    versions = next((r.start.get("versions") for r in run.ranks.values() if r.start), None)
+    statuses = {rank: (records.end or {}).get("status", "died") for rank, records in run.ranks.items()}
+    ok = result.returncode == 0 and not result.timed_out and len(statuses) == request.world_size \
+        and all(s == "ok" for s in statuses.values())
+    manifest.update({
+        "command": result.command,
+        "returncode": result.returncode,
+        "timed_out": result.timed_out,
+        "wall_s": result.wall_s,
+        "finished": time.time(),
+        "versions": versions,
+        "rank_status": {str(r): statuses.get(r, "missing") for r in range(request.world_size)},
+        "status": "ok" if ok else ("timeout" if result.timed_out else "failed"),
+    })
+    write_manifest(out, manifest)
+    from memdiag.analyze.summary import summarize
+
+    run = load_run(out)
+    write_summary(out, summarize(run))
+    return out

@@ -1,0 +1,1 @@
+"""Rendering: reporters take computed data and an output; they compute nothing."""

@@ -1,0 +1,30 @@
+"""A compact bar chart for the terminal: peak memory against rank count, one bar per mode."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from memdiag.units import format_bytes
+
+MODE_STYLES = {"sparse": "red", "dense": "green", "auto": "cyan"}
+
+
+def peak_chart(rows: list[dict], width: int = 40) -> Text:
+    """Bars start at the smallest peak shown, so differences of a few percent stay visible."""
+    values = [r["peak_rss_bytes_max"] for r in rows if r["peak_rss_bytes_max"]]
+    text = Text()
+    if not values:
+        return text
+    low, high = min(values), max(values)
+    floor = low - (high - low) * 0.1 if high > low else low * 0.9
+    span = max(high - floor, 1)
+    for row in rows:
+        value = row["peak_rss_bytes_max"]
+        if not value:
+            continue
+        length = max(1, round(width * (value - floor) / span))
+        text.append(f"N={row['world_size']:<4} {row['mode']:<6} ")
+        text.append("█" * length, style=MODE_STYLES.get(row["mode"], ""))
+        text.append(f" {format_bytes(value)}\n")
+    text.append(f"(bars start at {format_bytes(floor)})", style="dim")
+    return text

@@ -1,0 +1,113 @@
+"""The comparison report: modes x rank counts, growth per added rank, chart, verdict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from memdiag.report.chart import peak_chart
+from memdiag.report.terminal import short_name
+from memdiag.units import format_bytes
+
+
+def compare_table(result: dict[str, Any]) -> Table:
+    table = Table(title="Per rank count and mode (max over ranks)", title_justify="left")
+    for column in ("N", "mode", "peak RSS", "coll/step", "gather/step", "step", "items/s", "status"):
+        table.add_column(column, justify="left" if column in ("mode", "status") else "right", no_wrap=True,
+                         min_width=len(column))
+    for row in result["rows"]:
+        table.add_row(
+            str(row["world_size"]), row["mode"], format_bytes(row["peak_rss_bytes_max"]),
+            format_bytes(row["collective_bytes_per_rank"]), format_bytes(row["allgather_bytes_per_rank"]),
+            "-" if row["step_time_s"] is None else f"{row['step_time_s'] * 1000:.0f} ms",
+            "-" if not row["throughput_items_per_s"] else f"{row['throughput_items_per_s']:.0f}",
+            row["status"],
+        )
+    return table
+
+
+def growth_table(result: dict[str, Any]) -> Table:
+    table = Table(title="Growth per added rank (fitted over N)", title_justify="left")
+    for column in ("mode", "peak RSS", "collective bytes"):
+        table.add_column(column, justify="left" if column == "mode" else "right", no_wrap=True)
+    collective = result.get("collective_growth_bytes_per_rank", {})
+    for mode, slope in result["growth_bytes_per_rank"].items():
+        table.add_row(mode, _signed(slope), _signed(collective.get(mode)))
+    predicted = result.get("predicted_growth_bytes_per_rank")
+    if predicted is not None:
+        table.add_row("formula", "", _signed(predicted))
+    return table
+
+
+def _signed(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return ("+" if value >= 0 else "") + format_bytes(value)
+
+
+def verdict(result: dict[str, Any]) -> Text:
+    text = Text()
+    tensors = result.get("tensors", [])
+    growing = [t for t in tensors if t.get("growth_bytes_per_rank")]
+    if growing:
+        text.append("Growth comes from IndexedSlices gradients reduced by allgather:\n", style="bold")
+        for t in growing:
+            text.append(f"  {short_name(t['name'])}: +{format_bytes(t['growth_bytes_per_rank'])} per added rank "
+                        f"({format_bytes(t['gathered_bytes'])} gathered at N={t['at_world_size']})")
+            if t.get("auto_decision"):
+                text.append(f"; auto -> {t['auto_decision']}: {t['auto_reason']}")
+            text.append("\n")
+    else:
+        text.append("No collective output grows with the rank count (no IndexedSlices gathered).\n",
+                    style="bold")
+    for t in tensors:
+        if not t.get("growth_bytes_per_rank") and t.get("auto_decision"):
+            text.append(f"  {short_name(t['name'])}: auto -> {t['auto_decision']}: {t['auto_reason']}\n")
+    c = result["correctness"]
+    if c["passed"] is None:
+        text.append("Correctness: not checked (needs a sparse run beside another mode).\n", style="yellow")
+    else:
+        style = "bold green" if c["passed"] else "bold red"
+        word = "PASSED" if c["passed"] else "FAILED"
+        text.append(f"Correctness {word}: ", style=style)
+        text.append(f"max |diff| {_num(c['max_abs_diff'])}, max relative {_num(c['max_rel_diff'])} "
+                    f"(tolerance rtol {c['rtol']:g}, atol {c['atol']:g}); ")
+        reduction = c.get("reduction")
+        if reduction and reduction["passed"] is not None:
+            text.append(f"reduction check at N={reduction['world_size']}: allgather and dense allreduce of "
+                        f"{len(reduction['tensors'])} gradient(s) differ by at most {_num(reduction['max_rel_diff'])} "
+                        f"relative (tolerance {reduction['rtol']:g}); ",
+                        style=None if reduction["passed"] else "bold red")
+        identical = c.get("ranks_identical_every_step")
+        text.append("parameters identical on all ranks every step\n" if identical else
+                    ("parameters DIFFER between ranks\n" if identical is False else "\n"))
+        for check in c["checks"]:
+            if not check["passed"]:
+                text.append(f"  N={check['world_size']} {check['mode']} vs {check['against']}: "
+                            f"max |diff| {_num(check['max_abs_diff'])}, loss rel diff "
+                            f"{_num(check['loss_max_rel_diff'])} {check.get('note', '')}\n", style="red")
+    if result.get("oversubscribed"):
+        text.append("Ranks shared cores on this host: step times and throughput are not a scaling measurement.\n",
+                    style="yellow")
+    return text
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def compare_report(result: dict[str, Any]) -> Group:
+    title = f"{result['workload']}" + (f" ({result['preset']})" if result.get("preset") else "")
+    header = Panel(Text(f"{title}  modes {', '.join(result.get('modes', []))}  "
+                        f"ranks {', '.join(map(str, result.get('rank_counts', [])))}  steps {result.get('steps')}"),
+                   title="memdiag compare sparse-vs-dense", expand=False)
+    return Group(header, compare_table(result), growth_table(result),
+                 Panel(peak_chart(result["rows"]), title="peak RSS per rank", expand=False), verdict(result))
+
+
+def print_compare(result: dict[str, Any], console: Console | None = None) -> None:
+    (console or Console()).print(compare_report(result))

@@ -1,0 +1,47 @@
+"""Markdown renderings of a run and of a comparison, for issues and docs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memdiag.report.terminal import short_name
+from memdiag.units import format_bytes
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def run_markdown(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
+    title = f"## {summary.get('workload')} — mode {summary.get('mode')}, {summary.get('world_size')} ranks"
+    ranks = _table(
+        ["rank", "status", "peak RSS", "VmHWM", "allgather/step", "allreduce/step", "step time"],
+        [[str(r["rank"]), r["status"], format_bytes(r["peak_rss_bytes"]), format_bytes(r["hwm_bytes"]),
+          format_bytes(r["allgather_bytes_per_step"]), format_bytes(r["allreduce_bytes_per_step"]),
+          "-" if r["step_time_s"] is None else f"{r['step_time_s'] * 1000:.1f} ms"] for r in summary["ranks"]],
+    )
+    tensors = _table(
+        ["tensor", "op", "part", "rows in", "rows out", "bytes out per rank", "gradient"],
+        [[short_name(c["name"]), c["op"], c["part"] or "", str(c["rows_in"]), str(c["rows_out"]),
+          format_bytes(c["bytes_out_per_rank"]),
+          "densified" if c["densified"] else ("sparse" if c["sparse"] else "dense")]
+         for c in summary["collectives"][:20]],
+    )
+    return f"{title}\n\n{ranks}\n\n{tensors}\n"
+
+
+def compare_markdown(result: dict[str, Any]) -> str:
+    rows = _table(
+        ["N", "mode", "peak RSS (max)", "collective bytes/rank/step", "step time", "status"],
+        [[str(r["world_size"]), r["mode"], format_bytes(r["peak_rss_bytes_max"]),
+          format_bytes(r["collective_bytes_per_rank"]),
+          "-" if r["step_time_s"] is None else f"{r['step_time_s'] * 1000:.0f} ms", r["status"]]
+         for r in result["rows"]],
+    )
+    growth = _table(["mode", "peak RSS growth per added rank"],
+                    [[m, format_bytes(v)] for m, v in result["growth_bytes_per_rank"].items()])
+    c = result["correctness"]
+    verdict = f"Correctness passed: {c['passed']} (max abs diff {c['max_abs_diff']}, max rel diff {c['max_rel_diff']})"
+    return f"## compare sparse-vs-dense: {result['workload']}\n\n{rows}\n\n{growth}\n\n{verdict}\n"

@@ -1,0 +1,135 @@
+"""The run report drawn with rich: header, per-rank table, per-tensor collective table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from memdiag.units import format_bytes
+
+MAX_TENSOR_ROWS = 12
+
+
+def run_header(summary: dict[str, Any], manifest: dict[str, Any]) -> Panel:
+    versions = manifest.get("versions") or {}
+    target = summary.get("workload") or "?"
+    if summary.get("preset"):
+        target += f" ({summary['preset']})"
+    lines = Text()
+    lines.append(f"{target}", style="bold")
+    lines.append(f"  mode {summary.get('mode')}  ranks {summary.get('world_size')}  steps {summary.get('steps')}")
+    status = summary.get("status") or manifest.get("status")
+    lines.append(f"  status {status}", style="green" if status == "ok" else "bold red")
+    if manifest.get("wall_s") is not None:
+        lines.append(f"  wall {manifest['wall_s']:.1f} s")
+    if versions:
+        lines.append("\nTensorFlow {tensorflow}  Horovod {horovod}  {mpi}".format(
+            tensorflow=versions.get("tensorflow"), horovod=versions.get("horovod"),
+            mpi=(versions.get("mpi") or "").split(",")[0].replace("\x00", "")))
+    if summary.get("oversubscribed"):
+        lines.append("\nranks share cores on this host: step times are not a scaling measurement",
+                     style="yellow")
+    return Panel(lines, title="memdiag run", expand=False)
+
+
+def rank_table(summary: dict[str, Any]) -> Table:
+    table = Table(title="Per rank", title_justify="left")
+    for column in ("rank", "status", "peak RSS", "VmHWM", "gather/step", "reduce/step", "step time"):
+        table.add_column(column, justify="left" if column == "status" else "right")
+    for r in summary["ranks"]:
+        table.add_row(
+            str(r["rank"]),
+            r["status"],
+            format_bytes(r["peak_rss_bytes"]),
+            format_bytes(r["hwm_bytes"]),
+            format_bytes(r["allgather_bytes_per_step"]),
+            format_bytes(r["allreduce_bytes_per_step"]),
+            "-" if r["step_time_s"] is None else f"{r['step_time_s'] * 1000:.1f} ms",
+        )
+    return table
+
+
+def short_name(name: str) -> str:
+    """Tensor names without the model's outer scope and the output index: what users recognise."""
+    name = name[:-2] if name.endswith(":0") else name
+    head, sep, tail = name.partition("/")
+    return tail if sep and "/" in tail else name
+
+
+def _reduction(entry: dict[str, Any]) -> str:
+    if entry["densified"]:
+        return "densified"
+    if entry["sparse"]:
+        return "sparse"
+    return "dense"
+
+
+def tensor_table(summary: dict[str, Any], limit: int = MAX_TENSOR_ROWS) -> Table:
+    entries = summary["collectives"]
+    shown = entries[:limit]
+    table = Table(title="Collectives per tensor (largest first, bytes per rank per call)", title_justify="left")
+    table.add_column("tensor", overflow="fold", ratio=1, min_width=16)
+    for column in ("op", "rows in>out", "bytes in", "bytes out", "grad"):
+        table.add_column(column, justify="left" if column in ("op", "grad") else "right", no_wrap=True)
+    for e in shown:
+        name = Text(short_name(e["name"]) + (f" [{e['part']}]" if e["part"] else ""))
+        table.add_row(
+            name, e["op"], f"{e['rows_in']}>{e['rows_out']}",
+            format_bytes(e["bytes_in_per_rank"]), format_bytes(e["bytes_out_per_rank"]), _reduction(e),
+        )
+    if len(entries) > limit:
+        rest = entries[limit:]
+        table.add_row(f"... {len(rest)} more", "", "", "",
+                      format_bytes(sum(e["bytes_out_per_rank"] for e in rest)), "")
+    return table
+
+
+def policy_table(summary: dict[str, Any]) -> Table | None:
+    if not summary.get("policy"):
+        return None
+    table = Table(title="IndexedSlices gradients: reduction chosen", title_justify="left")
+    table.add_column("tensor", overflow="fold")
+    table.add_column("reduced as", no_wrap=True)
+    table.add_column("reason", overflow="fold", ratio=1)
+    for p in summary["policy"]:
+        table.add_row(Text(short_name(p["name"])), "dense allreduce" if p["decision"] == "dense" else "allgather",
+                      Text(p["reason"]))
+    return table
+
+
+def footer(summary: dict[str, Any]) -> Text:
+    text = Text()
+    consistency = summary.get("consistency") or {}
+    if consistency.get("checked_steps"):
+        if consistency.get("ranks_identical"):
+            text.append(f"parameters identical on all ranks at each of {consistency['checked_steps']} steps\n",
+                        style="green")
+        else:
+            text.append(f"parameters DIFFER between ranks at steps {consistency.get('mismatched_steps')}\n",
+                        style="bold red")
+    if summary.get("throughput_items_per_s"):
+        text.append(f"throughput {summary['throughput_items_per_s']:.0f} items/s (all ranks)\n")
+    for r in summary["ranks"]:
+        if r.get("error"):
+            last_line = r["error"].strip().splitlines()[-1]
+            text.append(f"rank {r['rank']} failed after step {r['last_step']}: {last_line}\n", style="red")
+    for warning in summary.get("warnings", []):
+        text.append(f"warning: {warning}\n", style="yellow")
+    return text
+
+
+def run_report(summary: dict[str, Any], manifest: dict[str, Any]) -> Group:
+    parts: list[Any] = [run_header(summary, manifest), rank_table(summary), tensor_table(summary)]
+    policy = policy_table(summary)
+    if policy is not None:
+        parts.append(policy)
+    parts.append(footer(summary))
+    return Group(*parts)
+
+
+def print_run(summary: dict[str, Any], manifest: dict[str, Any], console: Console | None = None) -> None:
+    (console or Console()).print(run_report(summary, manifest))

@@ -1,0 +1,87 @@
+"""Presets of the built-in workloads: plain data, importable without TensorFlow."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """Encoder-decoder Transformer for translation (the reference NMT workload's shape)."""
+
+    vocab_size: int = 33945
+    d_model: int = 512
+    num_layers: int = 6
+    num_heads: int = 8
+    filter_size: int = 2048
+    seq_len: int = 50
+    tokens_per_rank: int = 5000
+    # Tying the target embedding to the output softmax makes TF sum a dense and an IndexedSlices
+    # gradient into a dense one; the source embedding stays an IndexedSlices gradient.
+    tie_target_embedding: bool = True
+    warmup_steps: int = 4000
+    zipf_exponent: float = 1.1
+    # A second, large and truly sparse table ("mixed" workload): rows and lookups per rank.
+    side_vocab_size: int = 0
+    side_lookups_per_rank: int = 0
+
+    @property
+    def batch_size(self) -> int:
+        return max(1, self.tokens_per_rank // self.seq_len)
+
+
+@dataclass(frozen=True)
+class ResNetConfig:
+    image_size: int = 224
+    num_classes: int = 1000
+    batch_per_rank: int = 32
+    base_learning_rate: float = 0.1  # for a global batch of 256, scaled linearly
+    warmup_steps: int = 5
+    label_smoothing: float = 0.1
+    width: str = "standard"
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "transformer": {
+        "tiny": TransformerConfig(vocab_size=512, d_model=32, num_layers=1, num_heads=2, filter_size=64,
+                                  seq_len=16, tokens_per_rank=256, warmup_steps=100),
+        # Embedding-heavy and light on compute: the default for comparisons on a small machine.
+        # N x tokens per rank passes the vocabulary at N = 2.
+        "small": TransformerConfig(vocab_size=4096, d_model=256, num_layers=1, num_heads=4,
+                                   filter_size=512, seq_len=32, tokens_per_rank=4096,
+                                   tie_target_embedding=False, warmup_steps=400),
+        "base": TransformerConfig(),
+        "big": TransformerConfig(d_model=1024, num_heads=16, filter_size=4096),
+    },
+    "mixed": {
+        "tiny": TransformerConfig(vocab_size=512, d_model=32, num_layers=1, num_heads=2, filter_size=64,
+                                  seq_len=16, tokens_per_rank=512, warmup_steps=100,
+                                  side_vocab_size=20000, side_lookups_per_rank=64),
+        "small": TransformerConfig(vocab_size=2048, d_model=128, num_layers=1, num_heads=4,
+                                   filter_size=256, seq_len=32, tokens_per_rank=4096,
+                                   tie_target_embedding=False, warmup_steps=400,
+                                   side_vocab_size=300000, side_lookups_per_rank=256),
+    },
+    "resnet50": {
+        "tiny": ResNetConfig(image_size=32, num_classes=10, batch_per_rank=4),
+        "paper": ResNetConfig(),
+    },
+}
+
+
+def with_overrides(config: Any, overrides: dict[str, str]) -> Any:
+    """Apply ``--set key=value`` overrides, converting each value to the field's type."""
+    from memdiag._errors import UserError
+
+    known = {f.name: f for f in fields(config)}
+    changes: dict[str, Any] = {}
+    for key, text in overrides.items():
+        if key not in known:
+            raise UserError(f"--set {key}: unknown setting; known: {', '.join(sorted(known))}")
+        kind = type(getattr(config, key))
+        try:
+            changes[key] = (text.lower() in ("1", "true", "yes")) if kind is bool else kind(text)
+        except ValueError:
+            raise UserError(f"--set {key}={text}: expected a {kind.__name__}") from None
+    return replace(config, **changes)

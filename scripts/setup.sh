@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# One idempotent set-up for memdiag on Debian 12 / Python 3.11:
+# OpenMPI (Debian), a virtualenv in the checkout, tensorflow-cpu 2.15.1, Horovod 0.28.1 built
+# from source against that TensorFlow and MPI, mpi4py, memdiag itself (editable) and its test tools.
+# Re-running it when everything is in place takes seconds: each step checks before it acts.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${MEMDIAG_VENV:-$ROOT/.venv}"
+PY="${PYTHON:-python3.11}"
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+
+# TF >= 2.16 brings Keras 3 and Horovod 0.28.1 builds against neither 2.19 nor 2.21: pin 2.15.1.
+TF_SPEC="tensorflow-cpu==2.15.1"
+HVD_VERSION="0.28.1"
+
+say() { printf '[setup] %s\n' "$*"; }
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicc >/dev/null 2>&1; then
+    say "installing OpenMPI from Debian's packages"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+fi
+for tool in cmake g++; do
+    if ! command -v "$tool" >/dev/null 2>&1; then
+        say "installing build tools"
+        $SUDO apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq cmake g++ >/dev/null
+        break
+    fi
+done
+
+if [ ! -x "$VENV/bin/python" ]; then
+    say "creating virtualenv $VENV"
+    "$PY" -m venv "$VENV"
+    "$VENV/bin/pip" install -q --upgrade pip wheel setuptools
+fi
+VPY="$VENV/bin/python"
+PIP="$VENV/bin/pip"
+
+if ! "$VPY" -c "import tensorflow as tf, sys; sys.exit(tf.__version__ != '2.15.1')" >/dev/null 2>&1; then
+    say "installing $TF_SPEC"
+    "$PIP" install -q "$TF_SPEC"
+fi
+
+hvd_ok() {
+    "$VPY" - <<'PY' >/dev/null 2>&1
+import sys
+import horovod
+import horovod.tensorflow as hvd
+sys.exit(0 if horovod.__version__ == "0.28.1" and hvd.mpi_built() and hvd.mpi_enabled() is not None else 1)
+PY
+}
+if ! hvd_ok; then
+    say "building Horovod $HVD_VERSION with TensorFlow and MPI (about 4 minutes)"
+    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 \
+    HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_GLOO=1 \
+        "$PIP" install -q --no-build-isolation "horovod==$HVD_VERSION"
+fi
+
+if ! "$VPY" -c "import mpi4py.MPI" >/dev/null 2>&1; then
+    say "building mpi4py against the system OpenMPI"
+    "$PIP" install -q --no-binary mpi4py mpi4py
+fi
+
+STAMP="$VENV/.memdiag-installed"
+if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
+    say "installing memdiag (editable) with its test tools"
+    "$PIP" install -q -e "$ROOT[test]"
+    touch "$STAMP"
+fi
+
+"$VPY" - <<'PY'
+import horovod, horovod.tensorflow as hvd, tensorflow as tf
+if not (hvd.mpi_built() and hvd.tensorflow_built() if hasattr(hvd, "tensorflow_built") else hvd.mpi_built()):
+    raise SystemExit("[setup] Horovod is not built with MPI and TensorFlow; remove .venv and run again")
+print(f"[setup] ready: TensorFlow {tf.__version__}, Horovod {horovod.__version__} "
+      f"(MPI built: {hvd.mpi_built()})")
+PY
