@@ -139,6 +139,7 @@ def summarize(run: Run) -> dict[str, Any]:
         "mode": m.get("mode"),
         "world_size": m.get("world_size"),
         "steps": m.get("steps"),
+        "steps_recorded": max((r["steps_completed"] for r in ranks), default=0),
         "status": m.get("status"),
         "oversubscribed": m.get("oversubscribed"),
         "peak_rss_bytes_max": max(peaks) if peaks else None,

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from memdiag.report.chart import peak_chart
-from memdiag.report.terminal import short_name
+from memdiag.report.terminal import common_scope, short_name
 from memdiag.units import format_bytes
 
 
@@ -52,11 +52,12 @@ def _signed(value: float | None) -> str:
 def verdict(result: dict[str, Any]) -> Text:
     text = Text()
     tensors = result.get("tensors", [])
+    scope = common_scope([t["name"] for t in tensors])
     growing = [t for t in tensors if t.get("growth_bytes_per_rank")]
     if growing:
         text.append("Growth comes from IndexedSlices gradients reduced by allgather:\n", style="bold")
         for t in growing:
-            text.append(f"  {short_name(t['name'])}: +{format_bytes(t['growth_bytes_per_rank'])} per added rank "
+            text.append(f"  {short_name(t['name'], scope)}: +{format_bytes(t['growth_bytes_per_rank'])} per added rank "
                         f"({format_bytes(t['gathered_bytes'])} gathered at N={t['at_world_size']})")
             if t.get("auto_decision"):
                 text.append(f"; auto -> {t['auto_decision']}: {t['auto_reason']}")
@@ -66,7 +67,7 @@ def verdict(result: dict[str, Any]) -> Text:
                     style="bold")
     for t in tensors:
         if not t.get("growth_bytes_per_rank") and t.get("auto_decision"):
-            text.append(f"  {short_name(t['name'])}: auto -> {t['auto_decision']}: {t['auto_reason']}\n")
+            text.append(f"  {short_name(t['name'], scope)}: auto -> {t['auto_decision']}: {t['auto_reason']}\n")
     c = result["correctness"]
     if c["passed"] is None:
         text.append("Correctness: not checked (needs a sparse run beside another mode).\n", style="yellow")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memdiag.report.terminal import short_name
+from memdiag.report.terminal import common_scope, short_name
 from memdiag.units import format_bytes
 
 
@@ -22,9 +22,10 @@ def run_markdown(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
           format_bytes(r["allgather_bytes_per_step"]), format_bytes(r["allreduce_bytes_per_step"]),
           "-" if r["step_time_s"] is None else f"{r['step_time_s'] * 1000:.1f} ms"] for r in summary["ranks"]],
     )
+    scope = common_scope([c["name"] for c in summary["collectives"]])
     tensors = _table(
         ["tensor", "op", "part", "rows in", "rows out", "bytes out per rank", "gradient"],
-        [[short_name(c["name"]), c["op"], c["part"] or "", str(c["rows_in"]), str(c["rows_out"]),
+        [[short_name(c["name"], scope), c["op"], c["part"] or "", str(c["rows_in"]), str(c["rows_out"]),
           format_bytes(c["bytes_out_per_rank"]),
           "densified" if c["densified"] else ("sparse" if c["sparse"] else "dense")]
          for c in summary["collectives"][:20]],

@@ -21,7 +21,8 @@ def run_header(summary: dict[str, Any], manifest: dict[str, Any]) -> Panel:
         target += f" ({summary['preset']})"
     lines = Text()
     lines.append(f"{target}", style="bold")
-    lines.append(f"  mode {summary.get('mode')}  ranks {summary.get('world_size')}  steps {summary.get('steps')}")
+    lines.append(f"  mode {summary.get('mode')}  ranks {summary.get('world_size')}  "
+                 f"steps {summary.get('steps_recorded')}")
     status = summary.get("status") or manifest.get("status")
     lines.append(f"  status {status}", style="green" if status == "ok" else "bold red")
     if manifest.get("wall_s") is not None:
@@ -53,11 +54,18 @@ def rank_table(summary: dict[str, Any]) -> Table:
     return table
 
 
-def short_name(name: str) -> str:
-    """Tensor names without the model's outer scope and the output index: what users recognise."""
+def short_name(name: str, scope: str = "") -> str:
+    """A tensor name without the scope every tensor shares and without the output index."""
     name = name[:-2] if name.endswith(":0") else name
-    head, sep, tail = name.partition("/")
-    return tail if sep and "/" in tail else name
+    return name[len(scope):] if scope and name.startswith(scope) else name
+
+
+def common_scope(names: list[str]) -> str:
+    """The leading ``scope/`` shared by all names (the model's name), or ''."""
+    heads = {n.split("/", 1)[0] for n in names if "/" in n}
+    if len(heads) == 1 and all("/" in n for n in names):
+        return heads.pop() + "/"
+    return ""
 
 
 def _reduction(entry: dict[str, Any]) -> str:
@@ -71,14 +79,16 @@ def _reduction(entry: dict[str, Any]) -> str:
 def tensor_table(summary: dict[str, Any], limit: int = MAX_TENSOR_ROWS) -> Table:
     entries = summary["collectives"]
     shown = entries[:limit]
+    scope = common_scope([e["name"] for e in entries])
     table = Table(title="Collectives per tensor (largest first, bytes per rank per call)", title_justify="left")
     table.add_column("tensor", overflow="fold", ratio=1, min_width=16)
     for column in ("op", "rows in>out", "bytes in", "bytes out", "grad"):
         table.add_column(column, justify="left" if column in ("op", "grad") else "right", no_wrap=True)
     for e in shown:
-        name = Text(short_name(e["name"]) + (f" [{e['part']}]" if e["part"] else ""))
+        name = Text(short_name(e["name"], scope) + (f" [{e['part']}]" if e["part"] else ""))
+        rows = "" if e["rows_in"] is None else f"{e['rows_in']}>{e['rows_out']}"
         table.add_row(
-            name, e["op"], f"{e['rows_in']}>{e['rows_out']}",
+            name, e["op"], rows,
             format_bytes(e["bytes_in_per_rank"]), format_bytes(e["bytes_out_per_rank"]), _reduction(e),
         )
     if len(entries) > limit:
@@ -95,8 +105,9 @@ def policy_table(summary: dict[str, Any]) -> Table | None:
     table.add_column("tensor", overflow="fold")
     table.add_column("reduced as", no_wrap=True)
     table.add_column("reason", overflow="fold", ratio=1)
+    scope = common_scope([p["name"] for p in summary["policy"]])
     for p in summary["policy"]:
-        table.add_row(Text(short_name(p["name"])), "dense allreduce" if p["decision"] == "dense" else "allgather",
+        table.add_row(Text(short_name(p["name"], scope)), "dense allreduce" if p["decision"] == "dense" else "allgather",
                       Text(p["reason"]))
     return table
 

@@ -40,6 +40,8 @@ class ResNetConfig:
     warmup_steps: int = 5
     label_smoothing: float = 0.1
     width: str = "standard"
+    # After the warm-up: "step" (divide by 10 at 30/90, 60/90, 80/90 of the run) or "cosine".
+    decay: str = "step"
 
 
 PRESETS: dict[str, dict[str, Any]] = {

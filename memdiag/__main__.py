@@ -1,0 +1,3 @@
+from memdiag.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,72 @@
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from memdiag.analyze.summary import summarize
+from memdiag.collect import load_run, parse_records
+
+from tests.unit.fake_run import make_run
+
+
+def test_summary_bytes_per_step_follow_the_records(tmp_path):
+    run = load_run(str(make_run(tmp_path / "r", world_size=4, steps=3, rows=256, width=32)))
+    s = summarize(run)
+    assert s["world_size"] == 4 and len(s["ranks"]) == 4
+    gathered = 4 * 256 * 32 * 4 + 4 * 256 * 4  # values + int32 indices
+    assert all(r["allgather_bytes_per_step"] == gathered for r in s["ranks"])
+    assert all(r["allreduce_bytes_per_step"] == 32 * 32 * 4 for r in s["ranks"])
+    values = next(c for c in s["collectives"] if c["part"] == "values")
+    assert values["bytes_out_per_rank"] == 4 * 256 * 32 * 4 and values["rows_in"] == 256
+    assert values["sparse"] and not values["densified"]
+    assert s["consistency"] == {"checked_steps": 3, "ranks_identical": True, "mismatched_steps": []}
+
+
+def test_dense_mode_shows_densified_allreduce_of_the_table(tmp_path):
+    s = summarize(load_run(str(make_run(tmp_path / "r", mode="dense", vocab=512, width=32))))
+    emb = next(c for c in s["collectives"] if c["name"] == "m/emb:0")
+    assert emb["op"] == "allreduce" and emb["densified"] and emb["bytes_out_per_rank"] == 512 * 32 * 4
+    assert all(r["allgather_bytes_per_step"] == 0 for r in s["ranks"])
+
+
+def test_a_rank_that_died_is_reported_with_its_last_step(tmp_path):
+    s = summarize(load_run(str(make_run(tmp_path / "r", steps=4, kill_rank_after=1))))
+    dead = s["ranks"][1]
+    assert dead["status"] == "died" and dead["last_step"] == 1 and dead["steps_completed"] == 2
+    assert s["ranks"][0]["status"] == "ok"
+
+
+def test_params_differing_between_ranks_are_caught(tmp_path):
+    path = make_run(tmp_path / "r", steps=2)
+    lines = (path / "rank-1.jsonl").read_text().splitlines()
+    edited = [l.replace('"param_digest":"d1"', '"param_digest":"other"') for l in lines]
+    (path / "rank-1.jsonl").write_text("\n".join(edited) + "\n")
+    s = summarize(load_run(str(path)))
+    assert s["consistency"]["ranks_identical"] is False and s["consistency"]["mismatched_steps"] == [1]
+
+
+def test_garbage_lines_are_skipped_and_counted(tmp_path):
+    path = make_run(tmp_path / "r", steps=2)
+    with open(path / "rank-0.jsonl", "ab") as f:
+        f.write(b"not json\n\xff\xfe\n[1,2]\n{\"no_type\": 1}\n")
+    run = load_run(str(path))
+    assert run.ranks[0].bad_lines == 4
+    assert any("4 unreadable" in w for w in run.warnings)
+    assert len(run.ranks[0].steps) == 2
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.integers(0, 10**6), noise=st.binary(max_size=64), position=st.integers(0, 10**6))
+def test_reader_survives_any_truncation_or_corruption(tmp_path_factory, cut, noise, position):
+    # GIVEN a real record file, truncated anywhere (a killed rank) and with random bytes spliced in
+    path = make_run(tmp_path_factory.mktemp("r") / "run", world_size=1, steps=3)
+    data = (path / "rank-0.jsonl").read_bytes()
+    damaged = data[: cut % (len(data) + 1)]
+    complete = len([line for line in damaged.split(b"\n")[:-1] if line])
+    at = position % (len(damaged) + 1)
+    # WHEN it is read
+    records = parse_records((damaged[:at] + noise + damaged[at:]).split(b"\n"), 0)
+    kept = (len(records.steps) + len(records.collectives) + len(records.memory) + len(records.policies)
+            + len(records.other) + (records.start is not None) + (records.end is not None))
+    # THEN nothing raises, and the noise costs at most the one line it landed in
+    assert kept >= complete - 1
+    if not noise:
+        # every complete line is kept; a last line cut before its newline counts only if whole
+        assert complete <= kept <= complete + 1
