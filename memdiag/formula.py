@@ -56,6 +56,12 @@ class SparseGradientShape:
     row_bytes: int
     index_bytes: int
     dense_rows: int
+    row_elements: int = 0  # elements per row: what MPI's 32-bit counts count
+
+    def overflow_ranks(self) -> int | None:
+        """Smallest N whose gathered values no longer fit in MPI's 32-bit counts."""
+        per_rank = self.rows_per_rank * self.row_elements
+        return MPI_COUNT_LIMIT // per_rank + 1 if per_rank else None
 
     def gathered(self, world_size: int) -> int:
         return gathered_bytes(world_size, self.rows_per_rank, self.row_bytes, self.index_bytes)

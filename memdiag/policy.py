@@ -22,19 +22,32 @@ class Decision:
     name: str
     densify: bool
     reason: str
-    gathered_bytes: int | None = None
-    dense_bytes: int | None = None
-    rows_per_rank: int | None = None
+    world_size: int
+    shape: SparseGradientShape | None = None
+
+    @property
+    def gathered_bytes(self) -> int | None:
+        return None if self.shape is None else self.shape.gathered(self.world_size)
+
+    @property
+    def dense_bytes(self) -> int | None:
+        return None if self.shape is None else self.shape.dense()
 
     def as_record(self) -> dict:
+        shape = self.shape
         return {
             "type": "policy",
             "name": self.name,
             "decision": "dense" if self.densify else "sparse",
             "reason": self.reason,
+            "world_size": self.world_size,
             "gathered_bytes": self.gathered_bytes,
             "dense_bytes": self.dense_bytes,
-            "rows_per_rank": self.rows_per_rank,
+            "rows_per_rank": None if shape is None else shape.rows_per_rank,
+            "row_bytes": None if shape is None else shape.row_bytes,
+            "index_bytes": None if shape is None else shape.index_bytes,
+            "dense_rows": None if shape is None else shape.dense_rows,
+            "row_elements": None if shape is None else shape.row_elements,
         }
 
 
@@ -54,11 +67,11 @@ def decide(
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}")
     if mode == "sparse":
-        return _with_sizes(Decision(name, False, "mode sparse: Horovod's allgather path"), shape, world_size)
+        return Decision(name, False, "mode sparse: Horovod's allgather path", world_size, shape)
     if mode == "dense":
-        return _with_sizes(Decision(name, True, "mode dense: every IndexedSlices densified"), shape, world_size)
+        return Decision(name, True, "mode dense: every IndexedSlices densified", world_size, shape)
     if shape is None:
-        return Decision(name, False, "auto: rows per rank unknown when traced; kept allgather")
+        return Decision(name, False, "auto: rows per rank unknown when traced; kept allgather", world_size)
     gathered, dense = shape.gathered(world_size), shape.dense()
     densify = gathered > margin * dense
     relation = ">" if densify else "<="
@@ -67,17 +80,4 @@ def decide(
         f"auto: gathered {format_bytes(gathered)} (N={world_size} x {shape.rows_per_rank} rows) "
         f"{relation} dense {format_bytes(dense)}{margin_text}"
     )
-    return Decision(name, densify, reason, gathered, dense, shape.rows_per_rank)
-
-
-def _with_sizes(decision: Decision, shape: SparseGradientShape | None, world_size: int) -> Decision:
-    if shape is None:
-        return decision
-    return Decision(
-        decision.name,
-        decision.densify,
-        decision.reason,
-        shape.gathered(world_size),
-        shape.dense(),
-        shape.rows_per_rank,
-    )
+    return Decision(name, densify, reason, world_size, shape)

@@ -344,4 +344,5 @@ def _sparse_shape(grad: tf.IndexedSlices, var: Any) -> SparseGradientShape | Non
         row_bytes=int(row_elements) * tf.as_dtype(grad.values.dtype).size,
         index_bytes=tf.as_dtype(grad.indices.dtype).size,
         dense_rows=int(dense_rows),
+        row_elements=int(row_elements),
     )

@@ -127,9 +127,7 @@ def summarize(run: Run) -> dict[str, Any]:
     policy: dict[str, dict[str, Any]] = {}
     for records in run.ranks.values():
         for p in records.policies:
-            policy.setdefault(p["name"], {k: p.get(k) for k in ("name", "decision", "reason",
-                                                                 "gathered_bytes", "dense_bytes",
-                                                                 "rows_per_rank")})
+            policy.setdefault(p["name"], {k: v for k, v in p.items() if k not in ("type", "rank", "t", "step")})
     peaks = [r["peak_rss_bytes"] for r in ranks if r["peak_rss_bytes"]]
     checks = [c for records in run.ranks.values() for c in records.reduction_checks]
     return {

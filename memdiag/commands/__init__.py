@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from memdiag.commands.compare import CompareCommand
+from memdiag.commands.predict import PredictCommand
 from memdiag.commands.report import ReportCommand
 from memdiag.commands.run import RunCommand
 
@@ -10,4 +11,5 @@ COMMANDS = {
     "run": RunCommand,
     "compare": CompareCommand,
     "report": ReportCommand,
+    "predict": PredictCommand,
 }

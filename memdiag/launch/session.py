@@ -68,6 +68,9 @@ def validate(request: RunRequest) -> None:
                         "or give a path to a .py script")
     else:
         check_workload(request.target, request.preset)
+        from memdiag.workloads.configs import PRESETS, with_overrides
+
+        with_overrides(PRESETS[request.target][request.preset], request.overrides)
     mpirun.find_mpirun()
 
 

@@ -1,0 +1,68 @@
+"""``memdiag predict DIR --ranks 16,64,300,1200 [--mem-per-rank SIZE]``"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from rich.console import Console
+
+
+class PredictCommand:
+    help = "predict collective bytes and peak memory per rank at larger rank counts from measured runs"
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("run_dir", help="a run directory, or a comparison directory (better: it has several N)")
+        parser.add_argument("--ranks", default="16,64,300,1200", help="rank counts to predict (default 16,64,300,1200)")
+        parser.add_argument("--mem-per-rank", help="memory budget per rank, e.g. 4G: say where each mode passes it")
+        parser.add_argument("--modes", default="sparse,dense,auto")
+        parser.add_argument("--fit-max-ranks", type=int, default=None, metavar="N",
+                            help="fit only from runs with at most N ranks (to check a prediction against a larger run)")
+        parser.add_argument("--format", choices=("text", "json"), default="text")
+
+    def run(self, args: argparse.Namespace, script_args: list[str]) -> int:
+        from memdiag.analyze.model import build_model, prediction_table
+        from memdiag.commands.compare import _modes
+        from memdiag.report.predict import print_prediction
+        from memdiag.units import parse_rank_list, parse_size
+
+        summaries = load_summaries(args.run_dir)
+        ranks = parse_rank_list(args.ranks, "--ranks")
+        budget = parse_size(args.mem_per_rank, "--mem-per-rank") if args.mem_per_rank else None
+        fitted = [s for s in summaries if args.fit_max_ranks is None or s["world_size"] <= args.fit_max_ranks]
+        if not fitted:
+            from memdiag._errors import UserError
+
+            raise UserError(f"no run in {args.run_dir} has at most {args.fit_max_ranks} ranks; raise --fit-max-ranks")
+        model = build_model(fitted)
+        table = prediction_table(model, ranks, _modes(args.modes), budget)
+        table["measured"] = [{"world_size": s["world_size"], "mode": s["mode"],
+                              "peak_rss_bytes": s["peak_rss_bytes_max"],
+                              "collective_bytes_per_rank": max((r["collective_bytes_per_step"] for r in s["ranks"]),
+                                                               default=0)}
+                             for s in summaries if s["world_size"] in ranks]
+        if args.format == "json":
+            print(json.dumps(table, indent=2))
+        else:
+            print_prediction(table, Console())
+        return 0
+
+
+def load_summaries(path: str) -> list[dict]:
+    """summary.json of a run directory, or of every run in a comparison directory."""
+    from memdiag._errors import UserError
+    from memdiag.analyze.summary import summarize
+    from memdiag.collect import load_run
+
+    if os.path.exists(os.path.join(path, "compare.json")):
+        dirs = [os.path.join(path, d) for d in sorted(os.listdir(path))
+                if os.path.exists(os.path.join(path, d, "run.json")) and not d.startswith("verify")]
+    else:
+        dirs = [path]
+    summaries = []
+    for run_dir in dirs:
+        summaries.append(summarize(load_run(run_dir)))
+    if not summaries:
+        raise UserError(f"{path} holds no runs; give a directory written by `memdiag run` or `memdiag compare`")
+    return summaries
