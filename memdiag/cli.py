@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from memdiag import __version__
@@ -31,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # TensorFlow's start-up notices would bury the reports; ranks inherit this too.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     argv = list(sys.argv[1:] if argv is None else argv)
     # Everything after `--` belongs to the user's training script.
     script_args: list[str] = []

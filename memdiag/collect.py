@@ -17,6 +17,8 @@ from memdiag._errors import UserError
 
 RUN_MANIFEST = "run.json"
 SUMMARY = "summary.json"
+HOROVOD_TIMELINE = "horovod-timeline.json"
+MPIRUN_LOG = "mpirun.log"
 _RANK_FILE = re.compile(r"rank-(\d+)\.jsonl$")
 
 
@@ -25,11 +27,13 @@ class RankRecords:
     rank: int
     start: dict[str, Any] | None = None
     end: dict[str, Any] | None = None
+    killed: dict[str, Any] | None = None
     steps: list[dict[str, Any]] = field(default_factory=list)
     collectives: list[dict[str, Any]] = field(default_factory=list)
     policies: list[dict[str, Any]] = field(default_factory=list)
     memory: list[dict[str, Any]] = field(default_factory=list)
     reduction_checks: list[dict[str, Any]] = field(default_factory=list)
+    waiting: list[dict[str, Any]] = field(default_factory=list)
     other: list[dict[str, Any]] = field(default_factory=list)
     bad_lines: int = 0
 
@@ -40,13 +44,15 @@ class Run:
     manifest: dict[str, Any]
     ranks: dict[int, RankRecords]
     warnings: list[str] = field(default_factory=list)
+    log: str = ""
 
 
 def parse_records(lines: list[bytes] | list[str], rank: int) -> RankRecords:
     """Sort each readable record into its kind; count lines that are not records."""
     result = RankRecords(rank)
     buckets = {"step": result.steps, "collective": result.collectives, "policy": result.policies,
-               "mem": result.memory, "reduction_check": result.reduction_checks}
+               "mem": result.memory, "reduction_check": result.reduction_checks,
+               "waiting": result.waiting}
     for raw in lines:
         if isinstance(raw, bytes):
             try:
@@ -70,6 +76,8 @@ def parse_records(lines: list[bytes] | list[str], rank: int) -> RankRecords:
             result.start = record
         elif kind == "end":
             result.end = record
+        elif kind == "killed":
+            result.killed = record
         else:
             buckets.get(kind, result.other).append(record)
     return result
@@ -101,6 +109,10 @@ def load_run(path: str) -> Run:
         run.ranks[rank] = records
         if records.bad_lines:
             run.warnings.append(f"rank {rank}: {records.bad_lines} unreadable line(s) in {os.path.basename(file)} skipped")
+    log = os.path.join(path, MPIRUN_LOG)
+    if os.path.exists(log):
+        with open(log, encoding="utf-8", errors="replace") as f:
+            run.log = f.read()
     expected = manifest.get("world_size")
     if isinstance(expected, int):
         missing = [r for r in range(expected) if r not in run.ranks]

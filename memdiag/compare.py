@@ -32,12 +32,16 @@ class CompareRequest:
     overrides: dict[str, str] = field(default_factory=dict)
     spool: str = "shared"
     fault: str | None = None
+    memray: bool = False
+    horovod_timeline: bool = False
+    mem_limit_bytes: int | None = None
 
     def run_request(self, world_size: int, mode: str, out: str) -> RunRequest:
         return RunRequest(
             target=self.target, world_size=world_size, mode=mode, steps=self.steps, preset=self.preset,
             out=out, hosts=self.hosts, timeout_s=self.timeout_s, margin=self.margin, seed=self.seed,
             script_args=self.script_args, overrides=self.overrides, spool=self.spool, fault=self.fault,
+            memray=self.memray, horovod_timeline=self.horovod_timeline, mem_limit_bytes=self.mem_limit_bytes,
         )
 
 
@@ -71,7 +75,7 @@ def run_compare(request: CompareRequest, console: Console) -> dict[str, Any]:
             # results; kept apart so that its extra collectives never touch the measured runs.
             progress.update(overall, description=f"reduction check at N={verify_n}")
             check = request.run_request(verify_n, "sparse", os.path.join(request.out, f"verify-n{verify_n}"))
-            check.steps, check.check_reduction = 1, True
+            check.steps, check.check_reduction, check.memray = 1, True, False
             verify_dir = execute(check)
     preset = None if request.run_request(1, "sparse", "").is_script else request.preset
     result = analysis.build(request.run_request(1, "sparse", "").label, preset, run_dirs, verify_dir)

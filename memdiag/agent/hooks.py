@@ -202,6 +202,9 @@ class CollectiveHooks:
         def wrap(original: Callable) -> Callable:
             def collective(tensor, *args, **kwargs):
                 origin = self._op_origin(op, tensor, kwargs.get("name"))
+                if tf.executing_eagerly():
+                    # Eager ops block in Python: say what we wait in, should the wait never end.
+                    self.tracer.begin_collective(op, origin.name)
                 output = original(tensor, *args, **kwargs)
                 self._record(op, origin, tensor, output, grouped=False)
                 return output

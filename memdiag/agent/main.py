@@ -13,12 +13,13 @@ import os
 import platform
 import runpy
 import shutil
+import signal
 import socket
 import sys
 import tempfile
 import time
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 from memdiag.agent.records import RecordWriter
 from memdiag.agent.sampler import MemorySampler, read_hwm
@@ -56,11 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     sampler = MemorySampler(config.get("sample_interval_s", 0.005))
     sampler.start()
     status, error, exit_code = "ok", None, 0
+    tracker = _start_memray(config, spool, rank)
+    sampler.on_tick = writer.flush
     try:
         _limit_threads(config)
-        import horovod.tensorflow as hvd
+        hvd = _import_horovod()
 
         tracer = Tracer(writer, sampler, rank, auto_steps=config["script"] is not None)
+        sampler.on_tick = lambda: (tracer.report_long_wait(), writer.flush())
+        if config.get("mem_limit_bytes"):
+            sampler.on_sample = _memory_watchdog(config["mem_limit_bytes"], tracer, writer)
         from memdiag.agent.hooks import CollectiveHooks
 
         hooks = CollectiveHooks(
@@ -83,15 +89,62 @@ def main(argv: list[str] | None = None) -> int:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if code:
             status, error, exit_code = "error", f"SystemExit({exc.code})", code
+    except EnvironmentProblem as exc:
+        status, error, exit_code = "environment", str(exc), 2
+        print(f"memdiag: rank {rank}: {exc}", file=sys.stderr, flush=True)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the record file
         status, error, exit_code = "error", "".join(traceback.format_exception(exc)), 1
         print(f"memdiag: rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    if tracker is not None:
+        tracker.__exit__(None, None, None)
     sampler.stop()
     writer.write_now({"type": "end", "status": status, "error": error, "hwm_bytes": read_hwm()})
     writer.close()
     if status == "ok":
         _deliver(config, rank, spool)
     return exit_code
+
+
+class EnvironmentProblem(Exception):
+    """The software on this host cannot run memdiag: nothing about the workload."""
+
+
+def _import_horovod() -> Any:
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError as exc:
+        raise EnvironmentProblem(f"Horovod with TensorFlow support cannot be imported ({exc}); "
+                                 "rebuild it with `make setup`, or see `memdiag doctor`") from None
+    if not hvd.mpi_built():
+        raise EnvironmentProblem("Horovod was built without MPI; rebuild it with `make setup` "
+                                 "(HOROVOD_WITH_MPI=1), or see `memdiag doctor`")
+    return hvd
+
+
+def _memory_watchdog(limit: int, tracer: Tracer, writer: RecordWriter) -> Callable[[int], None]:
+    """Kill this rank the moment its RSS passes ``limit``, as a batch system's memory enforcement
+    does, after writing what it was doing: the step and the collective in flight."""
+
+    def check(rss: int) -> None:
+        if rss <= limit:
+            return
+        writer.write_now({"type": "killed", "reason": "mem-limit", "step": tracer.step, "rss_bytes": rss,
+                          "limit_bytes": limit, "hwm_bytes": read_hwm(), "in_flight": tracer.in_flight()})
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    return check
+
+
+def _start_memray(config: dict[str, Any], spool: str, rank: int) -> Any:
+    """A memray tracker with native stacks for this rank, started before TensorFlow and Horovod
+    allocate anything, so their start-up buffers are attributed too."""
+    if not config.get("memray"):
+        return None
+    import memray
+
+    tracker = memray.Tracker(os.path.join(spool, f"rank-{rank}.memray.bin"), native_traces=True)
+    tracker.__enter__()
+    return tracker
 
 
 def _limit_threads(config: dict[str, Any]) -> None:

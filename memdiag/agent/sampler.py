@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import Callable
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -28,10 +29,16 @@ def read_hwm() -> int:
 
 
 class MemorySampler:
-    """Samples RSS every ``interval_s``; keeps the series and the running peak of the current step."""
+    """Samples RSS every ``interval_s``; keeps the series and the running peak of the current step.
+
+    ``on_sample(rss)`` is called from the sampling thread after every sample (memory limits), and
+    ``on_tick()`` about once a second (flushing records of a step that takes long or hangs).
+    """
 
     def __init__(self, interval_s: float = 0.005) -> None:
         self.interval_s = interval_s
+        self.on_sample: Callable[[int], None] | None = None
+        self.on_tick: Callable[[], None] | None = None
         self._lock = threading.Lock()
         self._times: list[float] = []
         self._rss: list[int] = []
@@ -66,5 +73,11 @@ class MemorySampler:
         return peak, times, rss
 
     def _loop(self) -> None:
+        last_tick = time.monotonic()
         while not self._stop.wait(self.interval_s):
-            self.sample()
+            rss = self.sample()
+            if self.on_sample is not None:
+                self.on_sample(rss)
+            if self.on_tick is not None and time.monotonic() - last_tick >= 1.0:
+                last_tick = time.monotonic()
+                self.on_tick()

@@ -36,12 +36,21 @@ class Tracer:
         self._step_start = time.time()
         self._lock = threading.RLock()
         self._anchor: tuple | None = None
-        self._in_flight: dict[str, Any] | None = None
+        self._previous_order: list[dict[str, Any]] = []  # collectives of the last complete step
+        self._current_order: list[dict[str, Any]] = []
+        self._pending: dict[str, Any] | None = None  # an eager collective not yet completed
+        self._reported_wait = False
         self.on_step_end: list[Callable[[int], dict[str, Any] | None]] = []
 
     # -- steps -------------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
         with self._lock:
+            if self._current_order:
+                # The set-up step's broadcasts say nothing about a training step's order.
+                finished_training_step = self.step != SETUP_STEP
+                if finished_training_step:
+                    self._previous_order = self._current_order
+                self._current_order = []
             self.step = step
             self._step_start = time.time()
 
@@ -96,6 +105,34 @@ class Tracer:
                 "grouped": meta.get("grouped", False),
             }
             self.writer.add(record)
+            self._pending = None
+            self._current_order.append({k: record[k] for k in ("op", "name", "part", "bytes_out")})
+
+    def begin_collective(self, op: str, name: str) -> None:
+        with self._lock:
+            self._pending = {"op": op, "name": name, "since": time.time()}
+            self._reported_wait = False
+
+    def report_long_wait(self, after_s: float = 2.0) -> None:
+        """Record, once, a collective that has not completed for ``after_s`` (a hang in the making)."""
+        with self._lock:
+            pending = self._pending
+            if pending is None or self._reported_wait or time.time() - pending["since"] < after_s:
+                return
+            self._reported_wait = True
+            self.writer.add({"type": "waiting", "step": self.step, "op": pending["op"], "name": pending["name"],
+                             "since": pending["since"]})
+
+    def in_flight(self) -> dict[str, Any] | None:
+        """The collective this rank is inside now: known for eager collectives; otherwise the one
+        that followed, in the last complete step, the collectives this step has completed so far."""
+        with self._lock:
+            if self._pending is not None:
+                return {"op": self._pending["op"], "name": self._pending["name"], "part": None, "bytes_out": None}
+            done = len(self._current_order)
+            if self._previous_order and done < len(self._previous_order):
+                return {**self._previous_order[done], "inferred_from_step": self.step - 1}
+            return None
 
     def _advance_auto_step(self, meta: dict[str, Any]) -> None:
         key = (meta["op"], meta["name"], meta.get("part"))

@@ -6,12 +6,15 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from memdiag.analyze.failure import diagnose
 from memdiag.collect import RankRecords, Run
 
 SETUP_STEP = -1
 
 
 def rank_status(records: RankRecords) -> str:
+    if records.killed is not None:
+        return "killed"
     if records.end is not None:
         return records.end.get("status", "ok")
     return "died" if records.steps or records.start else "missing"
@@ -51,6 +54,7 @@ def rank_summary(records: RankRecords) -> dict[str, Any]:
         "collective_bytes_per_step": sum(per_op.values()) // n,
         "step_time_s": typical_step_time(steps),
         "error": end.get("error"),
+        "killed": records.killed,
     }
 
 
@@ -148,5 +152,6 @@ def summarize(run: Run) -> dict[str, Any]:
         "steps_detail": steps,
         "consistency": consistency,
         "reduction_checks": checks,
+        "failure": diagnose(run),
         "warnings": list(run.warnings),
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from memdiag.commands.compare import CompareCommand
+from memdiag.commands.doctor import DoctorCommand
 from memdiag.commands.predict import PredictCommand
 from memdiag.commands.report import ReportCommand
 from memdiag.commands.run import RunCommand
@@ -12,4 +13,5 @@ COMMANDS = {
     "compare": CompareCommand,
     "report": ReportCommand,
     "predict": PredictCommand,
+    "doctor": DoctorCommand,
 }

@@ -33,6 +33,22 @@ def positive_float(what: str):
     return parse
 
 
+def size_arg(what: str):
+    def parse(text: str) -> int:
+        from memdiag._errors import UserError
+        from memdiag.units import parse_size
+
+        try:
+            value = parse_size(text, what)
+        except UserError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{what} must be positive, got {text!r}")
+        return value
+
+    return parse
+
+
 def key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -52,11 +68,18 @@ def add_launch_options(parser: argparse.ArgumentParser, default_steps: int) -> N
     parser.add_argument("--hosts", help="hosts passed to mpirun -H, e.g. node1:4,node2:4")
     parser.add_argument("--timeout", type=positive_float("--timeout"), default=None, metavar="SECONDS",
                         help="end the job if it runs longer than this")
+    parser.add_argument("--mem-limit", type=size_arg("--mem-limit"), default=None, metavar="SIZE",
+                        help="per rank: kill a rank whose RSS passes SIZE (e.g. 1.5G), as a batch system does")
     parser.add_argument("--seed", type=int, default=1234, help="seed of data and initial parameters")
     parser.add_argument("--spool", choices=("shared", "local"), default="shared",
                         help="shared: ranks write into the run directory; local: ranks write to "
                              "node-local storage and send their records to rank 0 at the end")
     parser.add_argument("--force", action="store_true", help="replace an existing output directory")
+    parser.add_argument("--memray", action="store_true",
+                        help="track every allocation with memray (native stacks) in each rank: "
+                             "rank-K.memray.bin, and what holds memory at the peak in the report")
+    parser.add_argument("--horovod-timeline", action="store_true",
+                        help="record Horovod's own timeline (rank 0) into the run directory")
 
 
 def mode_choice(text: str) -> str:

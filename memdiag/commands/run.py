@@ -31,7 +31,8 @@ class RunCommand:
             target=args.target, world_size=args.world_size, mode=args.mode, steps=args.steps,
             preset=args.preset, out=args.out, force=args.force, hosts=args.hosts,
             timeout_s=args.timeout, margin=args.margin, seed=args.seed, script_args=script_args,
-            overrides=dict(args.overrides), spool=args.spool,
+            overrides=dict(args.overrides), spool=args.spool, memray=args.memray,
+            horovod_timeline=args.horovod_timeline, mem_limit_bytes=args.mem_limit,
         )
         console = Console(stderr=True)
         with console.status(f"running {request.label} on {request.world_size} rank(s), mode {request.mode}"):

@@ -15,7 +15,7 @@ from typing import Any, Callable
 from memdiag import __version__
 from memdiag._errors import UserError
 from memdiag.agent.main import encode_config
-from memdiag.collect import RUN_MANIFEST, SUMMARY, load_run
+from memdiag.collect import HOROVOD_TIMELINE, RUN_MANIFEST, SUMMARY, load_run
 from memdiag.launch import mpirun
 from memdiag.policy import MODES
 from memdiag.workloads import WORKLOADS, check as check_workload
@@ -41,6 +41,9 @@ class RunRequest:
     sample_interval_s: float = 0.005
     fault: str | None = None  # injected on purpose by tests of the verification
     check_reduction: bool = False  # reduce each IndexedSlices both ways and compare (verification runs)
+    mem_limit_bytes: int | None = None  # per rank: a rank passing it is killed, like a batch system does
+    memray: bool = False  # a memray tracker (native stacks) in every rank
+    horovod_timeline: bool = False  # Horovod's own timeline, written by rank 0
 
     @property
     def is_script(self) -> bool:
@@ -176,6 +179,8 @@ def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None) 
         "sample_interval_s": request.sample_interval_s,
         "fault": request.fault,
         "check_reduction": request.check_reduction,
+        "memray": request.memray,
+        "mem_limit_bytes": request.mem_limit_bytes,
     }
     cores = os.cpu_count() or 1
     manifest: dict[str, Any] = {
@@ -196,8 +201,15 @@ def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None) 
         "status": "running",
     }
     write_manifest(out, manifest)
+    extra_env = {}
+    if request.timeout_s:
+        # Horovod's stall inspector then names the missing ranks well before the job is ended.
+        stall = max(2, min(60, int(request.timeout_s / 4)))
+        extra_env.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", os.environ.get("HOROVOD_STALL_CHECK_TIME_SECONDS", str(stall)))
+    if request.horovod_timeline:
+        extra_env["HOROVOD_TIMELINE"] = os.path.join(os.path.abspath(out), HOROVOD_TIMELINE)
     launch = mpirun.Launch(request.world_size, [encode_config(config)], hosts=request.hosts,
-                           timeout_s=request.timeout_s)
+                           timeout_s=request.timeout_s, extra_env=extra_env)
     watcher = StepWatcher(os.path.join(out, "rank-0.jsonl"))
     poll = None if on_steps is None or request.spool == "local" else (lambda: on_steps(watcher.poll()))
     result = mpirun.run(launch, os.path.join(out, "mpirun.log"), poll)
@@ -217,6 +229,12 @@ def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None) 
         "status": "ok" if ok else ("timeout" if result.timed_out else "failed"),
     })
     write_manifest(out, manifest)
+    problems = {(records.end or {}).get("error") for records in run.ranks.values()
+                if (records.end or {}).get("status") == "environment"}
+    if problems:
+        # Nothing was measured: leave nothing that looks like a run behind.
+        shutil.rmtree(out, ignore_errors=True)
+        raise UserError(sorted(p for p in problems if p)[0])
     from memdiag.analyze.summary import summarize
 
     run = load_run(out)

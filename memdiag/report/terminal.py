@@ -114,6 +114,9 @@ def policy_table(summary: dict[str, Any]) -> Table | None:
 
 def footer(summary: dict[str, Any]) -> Text:
     text = Text()
+    failure = summary.get("failure")
+    if failure:
+        text.append(failure["headline"] + "\n", style="bold red")
     consistency = summary.get("consistency") or {}
     if consistency.get("checked_steps"):
         if consistency.get("ranks_identical"):
@@ -125,7 +128,7 @@ def footer(summary: dict[str, Any]) -> Text:
     if summary.get("throughput_items_per_s"):
         text.append(f"throughput {summary['throughput_items_per_s']:.0f} items/s (all ranks)\n")
     for r in summary["ranks"]:
-        if r.get("error"):
+        if r.get("error") and not (failure and failure["kind"] == "error" and f"rank {r['rank']} " in failure["headline"]):
             last_line = r["error"].strip().splitlines()[-1]
             text.append(f"rank {r['rank']} failed after step {r['last_step']}: {last_line}\n", style="red")
     for warning in summary.get("warnings", []):

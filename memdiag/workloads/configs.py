@@ -20,6 +20,9 @@ class TransformerConfig:
     # Tying the target embedding to the output softmax makes TF sum a dense and an IndexedSlices
     # gradient into a dense one; the source embedding stays an IndexedSlices gradient.
     tie_target_embedding: bool = True
+    # Width of the embedding rows when it differs from d_model (a factorised embedding projected to
+    # d_model, as in ALBERT); 0 means d_model. Wide rows make the gathered bytes large at little compute.
+    embedding_size: int = 0
     warmup_steps: int = 4000
     zipf_exponent: float = 1.1
     # A second, large and truly sparse table ("mixed" workload): rows and lookups per rank.
@@ -29,6 +32,21 @@ class TransformerConfig:
     @property
     def batch_size(self) -> int:
         return max(1, self.tokens_per_rank // self.seq_len)
+
+    @property
+    def embedding_width(self) -> int:
+        return self.embedding_size or self.d_model
+
+    def check(self) -> None:
+        from memdiag._errors import UserError
+
+        if self.tie_target_embedding and self.embedding_width != self.d_model:
+            raise UserError("tie_target_embedding needs embedding_size equal to d_model; "
+                            "set --set tie_target_embedding=false or --set embedding_size=0")
+        if self.d_model % self.num_heads:
+            raise UserError(f"d_model {self.d_model} is not divisible by num_heads {self.num_heads}")
+        if self.tokens_per_rank < self.seq_len:
+            raise UserError(f"tokens_per_rank {self.tokens_per_rank} is below seq_len {self.seq_len}")
 
 
 @dataclass(frozen=True)
@@ -48,11 +66,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "transformer": {
         "tiny": TransformerConfig(vocab_size=512, d_model=32, num_layers=1, num_heads=2, filter_size=64,
                                   seq_len=16, tokens_per_rank=256, warmup_steps=100),
-        # Embedding-heavy and light on compute: the default for comparisons on a small machine.
-        # N x tokens per rank passes the vocabulary at N = 2.
-        "small": TransformerConfig(vocab_size=4096, d_model=256, num_layers=1, num_heads=4,
-                                   filter_size=512, seq_len=32, tokens_per_rank=4096,
-                                   tie_target_embedding=False, warmup_steps=400),
+        # The default of comparisons on a 2-core machine: embedding rows as wide as the reference
+        # "big" model's (1024 floats), 8192 tokens per rank, and a narrow model behind a projection
+        # so that a step costs little compute. Both embeddings give IndexedSlices gradients.
+        "small": TransformerConfig(vocab_size=4096, d_model=64, num_layers=1, num_heads=2,
+                                   filter_size=256, seq_len=64, tokens_per_rank=8192,
+                                   tie_target_embedding=False, embedding_size=1024, warmup_steps=400),
         "base": TransformerConfig(),
         "big": TransformerConfig(d_model=1024, num_heads=16, filter_size=4096),
     },
@@ -86,4 +105,7 @@ def with_overrides(config: Any, overrides: dict[str, str]) -> Any:
             changes[key] = (text.lower() in ("1", "true", "yes")) if kind is bool else kind(text)
         except ValueError:
             raise UserError(f"--set {key}={text}: expected a {kind.__name__}") from None
-    return replace(config, **changes)
+    config = replace(config, **changes)
+    if hasattr(config, "check"):
+        config.check()
+    return config

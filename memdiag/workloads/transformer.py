@@ -77,8 +77,12 @@ class Transformer(tf.keras.Model):
         self.config = config
         self.scale = math.sqrt(config.d_model)
         self.positions = positional_encoding(config.seq_len, config.d_model)
-        self.source_embedding = tf.keras.layers.Embedding(config.vocab_size, config.d_model, name="source_embedding")
-        self.target_embedding = tf.keras.layers.Embedding(config.vocab_size, config.d_model, name="target_embedding")
+        width = config.embedding_width
+        self.source_embedding = tf.keras.layers.Embedding(config.vocab_size, width, name="source_embedding")
+        self.target_embedding = tf.keras.layers.Embedding(config.vocab_size, width, name="target_embedding")
+        factorised = width != config.d_model
+        self.source_projection = tf.keras.layers.Dense(config.d_model, use_bias=False) if factorised else None
+        self.target_projection = tf.keras.layers.Dense(config.d_model, use_bias=False) if factorised else None
         self.encoder = [EncoderLayer(config, name=f"encoder_{i}") for i in range(config.num_layers)]
         self.decoder = [DecoderLayer(config, name=f"decoder_{i}") for i in range(config.num_layers)]
         self.output_projection = (
@@ -86,20 +90,26 @@ class Transformer(tf.keras.Model):
             else tf.keras.layers.Dense(config.vocab_size, name="output_projection")
         )
         self.side_embedding = (
-            tf.keras.layers.Embedding(config.side_vocab_size, config.d_model, name="side_embedding")
+            tf.keras.layers.Embedding(config.side_vocab_size, width, name="side_embedding")
             if config.side_vocab_size else None
         )
 
     def call(self, inputs):
         source, target, side = inputs
-        x = self.source_embedding(source) * self.scale + self.positions
+        x = self.source_embedding(source)
         if self.side_embedding is not None:
             # Side features (e.g. a user or document id table) added to the first source position.
             features = tf.reduce_mean(self.side_embedding(side), axis=1, keepdims=True)
             x = x + tf.pad(features, [[0, 0], [0, self.config.seq_len - 1], [0, 0]])
+        if self.source_projection is not None:
+            x = self.source_projection(x)
+        x = x * self.scale + self.positions
         for layer in self.encoder:
             x = layer(x)
-        y = self.target_embedding(target) * self.scale + self.positions
+        y = self.target_embedding(target)
+        if self.target_projection is not None:
+            y = self.target_projection(y)
+        y = y * self.scale + self.positions
         for layer in self.decoder:
             y = layer(y, x)
         if self.output_projection is not None:

@@ -1,0 +1,84 @@
+"""What went wrong in a run that did not finish: a rank killed for memory, a hang, an error."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from memdiag.collect import Run
+from memdiag.units import format_bytes
+
+# Horovod's stall inspector (HOROVOD_STALL_CHECK_TIME_SECONDS) names, per rank, the tensors that the
+# other ranks submitted and that rank did not: "Missing ranks:" then lines "1: [name, name]".
+_MISSING_RANKS = re.compile(r"Missing ranks:\s*\n((?:\s*\d+: \[[^\]]*\]\s*\n?)+)")
+_RANK_LINE = re.compile(r"(\d+): \[([^\]]*)\]")
+
+
+def stalled_collectives(log: str) -> dict[int, list[str]]:
+    """From the last stall warning in the log: rank -> tensors it never submitted."""
+    blocks = _MISSING_RANKS.findall(log)
+    if not blocks:
+        return {}
+    return {int(rank): [n.strip() for n in names.split(",") if n.strip()]
+            for rank, names in _RANK_LINE.findall(blocks[-1])}
+
+
+def last_collective(run: Run, rank: int) -> dict[str, Any] | None:
+    records = run.ranks.get(rank)
+    if records is None or not records.collectives:
+        return None
+    c = records.collectives[-1]
+    return {"step": c.get("step"), "op": c["op"], "name": c["name"], "bytes_out": c["bytes_out"]}
+
+
+def diagnose(run: Run) -> dict[str, Any] | None:
+    """One headline and the facts behind it, or None when the run finished."""
+    m = run.manifest
+    killed = {rank: r.killed for rank, r in run.ranks.items() if r.killed}
+    if killed:
+        rank, record = min(killed.items())
+        flight = record.get("in_flight") or {}
+        collective = (f"in {flight['op']} of {flight['name']}"
+                      + (f" [{flight['part']}]" if flight.get("part") else "")
+                      + (f", {format_bytes(flight['bytes_out'])} out" if flight.get("bytes_out") else "")
+                      + (" (inferred from the previous step)" if "inferred_from_step" in flight else "")
+                      ) if flight else "outside any collective it could name"
+        return {
+            "kind": "mem-limit",
+            "headline": f"rank {rank} killed at step {record['step']} by the memory limit "
+                        f"(RSS {format_bytes(record['rss_bytes'])} > {format_bytes(record['limit_bytes'])}, "
+                        f"peak {format_bytes(record.get('hwm_bytes'))}), {collective}",
+            "killed_ranks": {str(k): v for k, v in killed.items()},
+        }
+    if m.get("timed_out"):
+        missing = stalled_collectives(run.log)
+        size = m.get("world_size") or 0
+        waits = {rank: r.waiting[-1] for rank, r in run.ranks.items() if r.waiting}
+        waiting = sorted(waits) if waits else [r for r in range(size) if r not in missing]
+        if missing or waits:
+            # Horovod names eager collectives generically; memdiag's own wait records keep the name.
+            names = sorted({w["name"] for w in waits.values()} or {n for ns in missing.values() for n in ns})
+            absent = sorted(missing) or [r for r in range(size) if r not in waits]
+            headline = (f"hang: rank(s) {', '.join(map(str, waiting))} waited in {', '.join(names)}; "
+                        f"rank(s) {', '.join(map(str, absent))} never joined it")
+        else:
+            headline = (f"the job ran past --timeout and was ended; no Horovod stall report was seen "
+                        f"(ranks may have been computing, or stuck outside collectives)")
+        return {
+            "kind": "timeout",
+            "headline": headline,
+            "missing": {str(k): v for k, v in missing.items()},
+            "waiting_ranks": waiting,
+            "waiting_in": {str(k): v for k, v in waits.items()},
+            "last_collective": {str(r): last_collective(run, r) for r in range(size)},
+        }
+    errors = {rank: r.end.get("error") for rank, r in run.ranks.items() if r.end and r.end.get("status") != "ok"}
+    if errors:
+        rank, error = min(errors.items())
+        last_line = (error or "").strip().splitlines()[-1] if error else "unknown error"
+        return {"kind": "error", "headline": f"rank {rank} failed: {last_line}"}
+    if m.get("status") not in (None, "ok", "running"):
+        dead = [rank for rank, r in run.ranks.items() if r.end is None]
+        return {"kind": "died", "headline": f"rank(s) {', '.join(map(str, dead)) or '?'} ended without a "
+                                            f"record of why (killed by a signal?); see mpirun.log"}
+    return None

@@ -1,0 +1,127 @@
+"""Faults memdiag exists for: a rank killed for memory, a hang, a crash, a broken install."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import memdiag, read_json, read_records
+
+pytestmark = pytest.mark.mpi
+
+
+def agents_of(run_id: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    from memdiag.agent.main import encode_config  # noqa: F401  (the config is base64 JSON)
+
+    return [line for line in out.splitlines() if "memdiag.agent" in line and run_id in _decoded(line)]
+
+
+def _decoded(line: str) -> str:
+    import base64
+
+    try:
+        return base64.urlsafe_b64decode(line.split()[-1].encode()).decode()
+    except Exception:  # noqa: BLE001 - not an agent command line
+        return ""
+
+
+def test_memory_limit_kills_the_rank_and_keeps_every_completed_step(runs_root):
+    # GIVEN a limit above the set-up but below what the training steps need
+    probe = runs_root / "limit-probe"
+    assert memdiag("run", "transformer", "-n", "2", "--steps", "3", "--out", str(probe)).returncode == 0
+    steps = [r for r in read_records(probe / "rank-0.jsonl") if r["type"] == "step"]
+    setup_peak = steps[0]["peak_rss_bytes"]
+    final_peak = max(s["peak_rss_bytes"] for s in steps)
+    assert final_peak > setup_peak
+    limit = (setup_peak + final_peak) // 2
+    # WHEN the same run is made with that limit
+    out = runs_root / "limited"
+    result = memdiag("run", "transformer", "-n", "2", "--steps", "3", "--mem-limit", str(limit), "--out", str(out))
+    # THEN it fails, names the killed rank, its step and the collective, and loses no completed step
+    assert result.returncode == 1
+    summary = read_json(out / "summary.json")
+    failure = summary["failure"]
+    assert failure["kind"] == "mem-limit" and "killed at step" in failure["headline"]
+    killed = {int(k): v for k, v in failure["killed_ranks"].items()}
+    for rank, record in killed.items():
+        assert record["rss_bytes"] > limit == record["limit_bytes"]
+        records = read_records(out / f"rank-{rank}.jsonl")
+        completed = [r["step"] for r in records if r["type"] == "step"]
+        assert completed == list(range(-1, record["step"]))
+    assert "killed at step" in result.stdout
+    assert any(r["status"] == "killed" for r in summary["ranks"])
+
+
+HANG = """
+import time
+import horovod.tensorflow as hvd
+import tensorflow as tf
+hvd.init()
+x = tf.ones([4])
+for step in range(3):
+    hvd.allreduce(x, name="grad_a")
+if hvd.rank() != 1:
+    hvd.allreduce(x, name="grad_b")
+else:
+    time.sleep(600)
+"""
+
+
+def test_a_hang_ends_at_the_timeout_naming_the_collective_and_the_missing_rank(runs_root, tmp_path):
+    script = tmp_path / "hang.py"
+    script.write_text(HANG)
+    out = runs_root / "hang"
+    start = time.monotonic()
+    result = memdiag("run", str(script), "-n", "2", "--timeout", "20", "--out", str(out))
+    assert time.monotonic() - start < 60
+    assert result.returncode == 1
+    manifest = read_json(out / "run.json")
+    assert manifest["status"] == "timeout"
+    failure = read_json(out / "summary.json")["failure"]
+    assert failure["kind"] == "timeout" and failure["waiting_ranks"] == [0]
+    assert "grad_b" in failure["headline"] and "rank(s) 1 never joined" in failure["headline"]
+    assert "hang:" in result.stdout
+    assert agents_of(manifest["run_id"]) == []  # no orphan rank left behind
+
+
+def test_a_rank_that_dies_is_reported_with_its_last_step(runs_root, tmp_path):
+    script = tmp_path / "dies.py"
+    script.write_text(
+        "import os, horovod.tensorflow as hvd, tensorflow as tf\nhvd.init()\n"
+        "for step in range(4):\n    hvd.allreduce(tf.ones([8]), name='g')\n"
+        "    if step == 2 and hvd.rank() == 1:\n        os._exit(9)\n"
+    )
+    out = runs_root / "dies"
+    result = memdiag("run", str(script), "-n", "2", "--timeout", "60", "--out", str(out))
+    assert result.returncode == 1
+    summary = read_json(out / "summary.json")
+    rank1 = summary["ranks"][1]
+    assert rank1["status"] == "died" and rank1["last_step"] == 1
+
+
+def test_horovod_without_tensorflow_support_is_one_line_and_leaves_no_run(tmp_path):
+    # GIVEN an installation whose Horovod was built without its TensorFlow extension
+    stub = tmp_path / "site" / "horovod" / "tensorflow"
+    stub.mkdir(parents=True)
+    (stub.parent / "__init__.py").write_text("__version__ = '0.28.1'\n")
+    (stub / "__init__.py").write_text("raise ImportError('Extension horovod.tensorflow has not been built')\n")
+    out = tmp_path / "run"
+    import os
+
+    env_before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(tmp_path / "site")
+    try:
+        result = memdiag("run", "transformer", "-n", "2", "--out", str(out))
+    finally:
+        if env_before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = env_before
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.startswith("memdiag: error:")]
+    assert len(lines) == 1 and "has not been built" in lines[0] and "make setup" in lines[0]
+    assert "Traceback" not in result.stderr
+    assert not out.exists()
