@@ -1,0 +1,76 @@
+"""`memdiag compare sparse-vs-dense` on real ranks: table, growth, correctness, and a fault it must catch."""
+
+from __future__ import annotations
+
+import pytest
+
+from memdiag.workloads.configs import PRESETS
+from tests.conftest import memdiag, read_json
+
+pytestmark = pytest.mark.mpi
+TINY = PRESETS["transformer"]["tiny"]
+
+
+@pytest.fixture(scope="module")
+def comparison(runs_root):
+    out = runs_root / "compare"
+    result = memdiag("compare", "sparse-vs-dense", "transformer", "-n", "1,2", "--steps", "2", "--out", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out, result
+
+
+def test_compare_writes_rows_growth_and_correctness(comparison):
+    out, result = comparison
+    data = read_json(out / "compare.json")
+    assert {(r["world_size"], r["mode"]) for r in data["rows"]} == {(n, m) for n in (1, 2) for m in ("sparse", "dense", "auto")}
+    for row in data["rows"]:
+        assert {"world_size", "mode", "peak_rss_bytes_max", "collective_bytes_per_rank", "step_time_s"} <= set(row)
+        assert row["peak_rss_bytes_max"] > 0 and row["status"] == "ok"
+    assert set(data["growth_bytes_per_rank"]) == {"sparse", "dense", "auto"}
+    c = data["correctness"]
+    assert c["passed"] is True and c["max_abs_diff"] is not None and c["max_rel_diff"] is not None
+    assert c["reduction"]["passed"] is True and c["reduction"]["tensors"]
+    # the formula's growth per added rank is one rank's gathered rows: values and indices
+    rows = TINY.batch_size * TINY.seq_len
+    assert data["predicted_growth_bytes_per_rank"] in (rows * (TINY.d_model * 4 + 4), rows * (TINY.d_model * 4 + 8))
+    [tensor] = [t for t in data["tensors"] if t.get("growth_bytes_per_rank")]
+    assert "source_embedding" in tensor["name"] and tensor["auto_decision"] in ("sparse", "dense")
+    for text in ("Per rank count and mode", "Growth per added rank", "peak RSS per rank", "Correctness PASSED"):
+        assert text in result.stdout
+
+
+def test_compare_report_rerenders_from_the_directory(comparison):
+    out, _ = comparison
+    again = memdiag("report", str(out))
+    assert again.returncode == 0 and "Correctness PASSED" in again.stdout
+    md = memdiag("report", str(out), "--format", "markdown")
+    assert md.returncode == 0 and md.stdout.startswith("## compare sparse-vs-dense")
+
+
+def test_predict_from_the_comparison_is_exact_for_collective_bytes(comparison):
+    out, _ = comparison
+    import json
+
+    result = memdiag("predict", str(out), "--ranks", "2,64", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    table = json.loads(result.stdout)
+    measured = {(m["world_size"], m["mode"]): m for m in table["measured"]}
+    for row in table["rows"]:
+        seen = measured.get((row["world_size"], row["mode"]))
+        if seen:
+            assert row["collective_bytes_per_rank"] == seen["collective_bytes_per_rank"]
+    at64 = {r["mode"]: r for r in table["rows"] if r["world_size"] == 64}
+    assert at64["sparse"]["gathered_bytes_per_rank"] > at64["dense"]["gathered_bytes_per_rank"] == 0
+
+
+def test_an_injected_wrong_reduction_fails_the_verification(runs_root):
+    # GIVEN densified gradients that are summed instead of averaged
+    out = runs_root / "compare-fault"
+    result = memdiag("compare", "sparse-vs-dense", "transformer", "-n", "2", "--modes", "sparse,dense",
+                     "--steps", "2", "--inject-fault", "sum-densified", "--out", str(out))
+    # THEN the comparison fails and says where
+    assert result.returncode == 1
+    c = read_json(out / "compare.json")["correctness"]
+    assert c["passed"] is False and c["reduction"]["passed"] is False
+    assert c["reduction"]["max_rel_diff"] > 0.4  # a sum over 2 ranks is twice the average
+    assert "Correctness FAILED" in result.stdout
