@@ -153,7 +153,7 @@ def _limit_threads(config: dict[str, Any]) -> None:
 
     threads = config.get("threads_per_rank") or max(1, (os.cpu_count() or 1) // _ranks_on_node())
     tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
+    tf.config.threading.set_inter_op_parallelism_threads(1)
 
 
 def _start_record(config: dict[str, Any], hvd: Any) -> dict[str, Any]:

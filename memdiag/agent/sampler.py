@@ -72,6 +72,12 @@ class MemorySampler:
             self._times, self._rss, self._step_peak = [], [], current
         return peak, times, rss
 
+    def restart_peak(self) -> None:
+        """Start the running peak afresh from the current RSS (samples are kept)."""
+        current = read_rss()
+        with self._lock:
+            self._step_peak = current
+
     def _loop(self) -> None:
         last_tick = time.monotonic()
         while not self._stop.wait(self.interval_s):

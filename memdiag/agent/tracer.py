@@ -34,6 +34,7 @@ class Tracer:
         self.max_steps = max_steps
         self.step = SETUP_STEP if not auto_steps else 0
         self._step_start = time.time()
+        self._hwm_at_start = read_hwm()
         self._lock = threading.RLock()
         self._anchor: tuple | None = None
         self._previous_order: list[dict[str, Any]] = []  # collectives of the last complete step
@@ -53,13 +54,18 @@ class Tracer:
                 self._current_order = []
             self.step = step
             self._step_start = time.time()
+            self._hwm_at_start = read_hwm()
 
     def end_step(self, step: int | None = None, **extra: Any) -> None:
         """Write the step's memory record and everything buffered during it, then flush."""
         with self._lock:
             step = self.step if step is None else step
             now = time.time()
-            peak, times, rss = self.sampler.take_step()
+            sampled, times, rss = self.sampler.take_step()
+            hwm = read_hwm()
+            # A high-water mark that rose during the step was reached during it: the exact peak,
+            # which catches allocations shorter than the sampling interval.
+            peak = max(sampled, hwm) if hwm > self._hwm_at_start else sampled
             record: dict[str, Any] = {
                 "type": "step",
                 "step": step,
@@ -67,10 +73,13 @@ class Tracer:
                 "t_end": now,
                 "step_time_s": now - self._step_start,
                 "peak_rss_bytes": peak,
-                "hwm_bytes": read_hwm(),
+                "sampled_peak_rss_bytes": sampled,
+                "hwm_bytes": hwm,
             }
             for hook in self.on_step_end:
                 record.update(hook(step) or {})
+            if self.on_step_end:
+                self.sampler.restart_peak()  # what the hooks allocated belongs to no step
             record.update({k: _finite(v) for k, v in extra.items()})
             if times:
                 self.writer.add({"type": "mem", "step": step, "times": times, "rss": rss})

@@ -28,6 +28,7 @@ class TransformerConfig:
     # A second, large and truly sparse table ("mixed" workload): rows and lookups per rank.
     side_vocab_size: int = 0
     side_lookups_per_rank: int = 0
+    side_embedding_size: int = 0  # 0: the embedding width
 
     @property
     def batch_size(self) -> int:
@@ -79,10 +80,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         "tiny": TransformerConfig(vocab_size=512, d_model=32, num_layers=1, num_heads=2, filter_size=64,
                                   seq_len=16, tokens_per_rank=512, warmup_steps=100,
                                   side_vocab_size=20000, side_lookups_per_rank=64),
-        "small": TransformerConfig(vocab_size=2048, d_model=128, num_layers=1, num_heads=4,
-                                   filter_size=256, seq_len=32, tokens_per_rank=4096,
-                                   tie_target_embedding=False, warmup_steps=400,
-                                   side_vocab_size=300000, side_lookups_per_rank=256),
+        # Word tables that auto should densify (wide rows, many tokens, small vocabulary) beside a
+        # 300,000-row side table with 256 lookups per rank that it should keep sparse.
+        "small": TransformerConfig(vocab_size=2048, d_model=64, num_layers=1, num_heads=2,
+                                   filter_size=256, seq_len=64, tokens_per_rank=4096,
+                                   tie_target_embedding=False, embedding_size=1024, warmup_steps=400,
+                                   side_vocab_size=300000, side_lookups_per_rank=256, side_embedding_size=128),
     },
     "resnet50": {
         "tiny": ResNetConfig(image_size=32, num_classes=10, batch_per_rank=4),

@@ -29,7 +29,7 @@ def parameter_digest(variables: list) -> str:
     """Exact fingerprint of all parameters: equal on every rank iff the parameters are identical."""
     digest = hashlib.blake2b(digest_size=16)
     for var in variables:
-        digest.update(np.ascontiguousarray(var.numpy()).tobytes())
+        digest.update(memoryview(np.ascontiguousarray(var.numpy())).cast("B"))
     return digest.hexdigest()
 
 
@@ -47,13 +47,13 @@ def train(
     tracer.begin_step(-1)
     broadcast()
     tracer.end_step(-1)
+    if ctx.check_params:
+        # Measured after the step's memory figures are taken, so its copies never count.
+        tracer.on_step_end.append(lambda step: {"param_digest": parameter_digest(variables())} if step >= 0 else None)
     for step in range(ctx.steps):
         tracer.begin_step(step)
         loss = float(train_step(step))
-        extra: dict[str, Any] = {"loss": loss, "items": items_per_step}
-        if ctx.check_params:
-            extra["param_digest"] = parameter_digest(variables())
-        tracer.end_step(step, **extra)
+        tracer.end_step(step, loss=loss, items=items_per_step)
     if ctx.rank == 0 and ctx.run_dir is not None:
         save_parameters(os.path.join(ctx.run_dir, "params.npz"), variables())
 

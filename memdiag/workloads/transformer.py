@@ -90,20 +90,27 @@ class Transformer(tf.keras.Model):
             else tf.keras.layers.Dense(config.vocab_size, name="output_projection")
         )
         self.side_embedding = (
-            tf.keras.layers.Embedding(config.side_vocab_size, width, name="side_embedding")
+            tf.keras.layers.Embedding(config.side_vocab_size, config.side_embedding_size or width,
+                                      name="side_embedding")
             if config.side_vocab_size else None
+        )
+        self.side_projection = (
+            tf.keras.layers.Dense(config.d_model, use_bias=False)
+            if config.side_vocab_size and (config.side_embedding_size or width) != config.d_model else None
         )
 
     def call(self, inputs):
         source, target, side = inputs
         x = self.source_embedding(source)
-        if self.side_embedding is not None:
-            # Side features (e.g. a user or document id table) added to the first source position.
-            features = tf.reduce_mean(self.side_embedding(side), axis=1, keepdims=True)
-            x = x + tf.pad(features, [[0, 0], [0, self.config.seq_len - 1], [0, 0]])
         if self.source_projection is not None:
             x = self.source_projection(x)
         x = x * self.scale + self.positions
+        if self.side_embedding is not None:
+            # Side features (e.g. a user or document id table) added to the first source position.
+            features = tf.reduce_mean(self.side_embedding(side), axis=1, keepdims=True)
+            if self.side_projection is not None:
+                features = self.side_projection(features)
+            x = x + tf.pad(features, [[0, 0], [0, self.config.seq_len - 1], [0, 0]])
         for layer in self.encoder:
             x = layer(x)
         y = self.target_embedding(target)
