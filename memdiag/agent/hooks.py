@@ -19,15 +19,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
-import math
 import threading
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
 import tensorflow as tf
 
-from memdiag.formula import SparseGradientShape
-from memdiag.policy import Decision, decide
+from memdiag.densify import DensifyPolicy
+from memdiag.policy import Decision
 
 
 @dataclass
@@ -51,14 +50,10 @@ class CollectiveHooks:
         check_reduction: bool = False,
     ) -> None:
         self.tracer = tracer
-        self.mode = mode
-        self.margin = margin
         self.world_size = world_size
-        self.on_decision = on_decision
-        self.fault = fault
+        self.policy = DensifyPolicy(mode, margin, world_size, on_decision, fault)
         self.check_reduction = check_reduction
         self._plain_allreduce: Callable | None = None
-        self.decisions: dict[str, Decision] = {}
         self._local = threading.local()
         self._counter = itertools.count()
         self._originals: list[tuple[Any, str, Any]] = []
@@ -182,20 +177,10 @@ class CollectiveHooks:
             tf.py_function(emit, [gathered, reduced], Tout=[], name="memdiag_reduction_check")
 
     def _densify(self, grad: tf.IndexedSlices) -> tf.Tensor:
-        dense = tf.convert_to_tensor(grad)
-        if self.fault == "sum-densified":
-            # Deliberately wrong (tests of the verification): the average becomes a sum.
-            dense = dense * tf.cast(self.world_size(), dense.dtype)
-        return dense
+        return self.policy.densify(grad)
 
     def _decide(self, name: str, grad: tf.IndexedSlices, var: Any) -> Decision:
-        """The policy's decision for ``name``, made once (at the first step) and recorded."""
-        if name in self.decisions:
-            return self.decisions[name]
-        decision = decide(self.mode, name, self.world_size(), _sparse_shape(grad, var), self.margin)
-        self.decisions[name] = decision
-        self.on_decision(decision)
-        return decision
+        return self.policy.decide(name, grad, var)
 
     # -- op level ---------------------------------------------------------------------------------
     def _wrap_op(self, op: str) -> Callable[[Callable], Callable]:
@@ -326,26 +311,3 @@ def _is_integer(tensor: Any) -> bool:
 
 def _static_shape(tensor: Any) -> list[int]:
     return [int(d) for d in tensor.shape]
-
-
-def _sparse_shape(grad: tf.IndexedSlices, var: Any) -> SparseGradientShape | None:
-    """Sizes the formula needs, from static shapes (or concrete ones in eager code)."""
-    values_shape = grad.values.shape
-    rows = values_shape[0] if values_shape.rank else None
-    row_elements = math.prod(values_shape[1:]) if values_shape.rank and values_shape[1:].is_fully_defined() else None
-    dense_rows = None
-    if grad.dense_shape is not None:
-        static = tf.get_static_value(grad.dense_shape)
-        if static is not None:
-            dense_rows = int(static[0])
-    if dense_rows is None and var is not None and var.shape.rank:
-        dense_rows = var.shape[0]
-    if rows is None or row_elements is None or dense_rows is None:
-        return None
-    return SparseGradientShape(
-        rows_per_rank=int(rows),
-        row_bytes=int(row_elements) * tf.as_dtype(grad.values.dtype).size,
-        index_bytes=tf.as_dtype(grad.indices.dtype).size,
-        dense_rows=int(dense_rows),
-        row_elements=int(row_elements),
-    )

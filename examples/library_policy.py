@@ -1,0 +1,48 @@
+"""memdiag's per-tensor policy inside your own code, without `memdiag run`.
+
+A model with two embeddings: a small vocabulary looked up many times per step (assumed-sparse: its
+allgather would be larger than the table) and a large table looked up a few times (truly sparse).
+`mode="auto"` densifies the first and keeps the second on Horovod's allgather path.
+
+    mpirun -np 2 python examples/library_policy.py
+"""
+
+import json
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+import memdiag.tensorflow as mdt
+
+
+def main() -> None:
+    hvd.init()
+    tf.keras.utils.set_random_seed(3)
+    words = tf.keras.layers.Embedding(1000, 64, name="words")
+    items = tf.keras.layers.Embedding(200_000, 64, name="items")
+    head = tf.keras.layers.Dense(1)
+    optimizer = tf.keras.optimizers.SGD(0.01)
+    rng = np.random.default_rng(hvd.rank())
+
+    @tf.function
+    def step(word_ids, item_ids, target):
+        with tf.GradientTape() as tape:
+            features = tf.reduce_mean(words(word_ids), axis=1) + tf.reduce_mean(items(item_ids), axis=1)
+            loss = tf.reduce_mean((head(features)[:, 0] - target) ** 2)
+        tape = mdt.DistributedGradientTape(tape, mode="auto")
+        variables = words.trainable_variables + items.trainable_variables + head.trainable_variables
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        step.policy = tape.memdiag_policy
+        return loss
+
+    for _ in range(2):
+        loss = step(rng.integers(0, 1000, (64, 32)), rng.integers(0, 200_000, (64, 2)), rng.random(64, dtype=np.float32))
+    if hvd.rank() == 0:
+        decisions = {name: {"decision": "dense" if d.densify else "sparse", "reason": d.reason}
+                     for name, d in step.policy.decisions.items()}
+        print(json.dumps({"loss": float(loss), "decisions": decisions}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""The policy as a library: memdiag.tensorflow.DistributedGradientTape in a plain mpirun job."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.mpi
+
+
+def test_auto_densifies_the_assumed_sparse_table_and_keeps_the_truly_sparse_one():
+    cmd = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    cmd += [sys.executable, str(ROOT / "examples" / "library_policy.py")]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    decisions = report["decisions"]
+    # words: 2 ranks x 64 x 32 lookups x (64 x 4 + 8) bytes > 1000 x 64 x 4 bytes of table
+    assert decisions["words/embeddings:0"]["decision"] == "dense"
+    # items: 2 ranks x 128 lookups x 264 bytes, far below 200,000 x 256 bytes of table
+    assert decisions["items/embeddings:0"]["decision"] == "sparse"
+    assert "auto:" in decisions["items/embeddings:0"]["reason"]
