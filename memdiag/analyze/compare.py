@@ -30,6 +30,7 @@ def table_row(summary: dict[str, Any], run_dir: str) -> dict[str, Any]:
         "step_time_s": max(step_times) if step_times else None,
         "throughput_items_per_s": summary.get("throughput_items_per_s"),
         "run_dir": os.path.basename(run_dir),
+        "failure": summary.get("failure"),
     }
 
 
@@ -112,6 +113,8 @@ def correctness(run_dirs: dict[tuple[int, str], str], summaries: dict[tuple[int,
         ref_key = (n, reference_mode)
         if mode == reference_mode or ref_key not in run_dirs:
             continue
+        if summaries[ref_key].get("status") != "ok" or summaries[(n, mode)].get("status") != "ok":
+            continue  # a run that did not finish is reported as such, not as a numerical difference
         ref_params = os.path.join(run_dirs[ref_key], "params.npz")
         params = os.path.join(run_dir, "params.npz")
         if not (os.path.exists(ref_params) and os.path.exists(params)):
@@ -152,12 +155,29 @@ def _losses(summary: dict[str, Any]) -> list[float | None]:
     return [s["loss_mean"] for s in summary.get("steps_detail", [])]
 
 
+def headline(rows: list[dict[str, Any]]) -> str | None:
+    """When a memory limit killed some runs and not others, that is the news."""
+    killed = [r for r in rows if (r.get("failure") or {}).get("kind") == "mem-limit"]
+    if not killed:
+        return None
+    parts = []
+    for row in killed:
+        parts.append(f"{row['mode']} at N={row['world_size']}: {row['failure']['headline']}")
+    survivors = sorted({(r["mode"], r["world_size"]) for r in rows if r["status"] == "ok"
+                        and r["world_size"] in {k["world_size"] for k in killed}})
+    text = "killed by the memory limit: " + "; ".join(parts)
+    if survivors:
+        text += ". Completed under the same limit: " + ", ".join(f"{m} at N={n}" for m, n in survivors)
+    return text
+
+
 def build(target: str, preset: str | None, run_dirs: dict[tuple[int, str], str],
           verify_dir: str | None = None) -> dict[str, Any]:
     summaries = {key: load_summary(path) for key, path in run_dirs.items()}
     verify_summary = load_summary(verify_dir) if verify_dir else None
     rows = [table_row(summaries[key], run_dirs[key]) for key in sorted(summaries)]
     return {
+        "headline": headline(rows),
         "workload": target,
         "preset": preset,
         "rows": rows,

@@ -51,6 +51,10 @@ def _signed(value: float | None) -> str:
 
 def verdict(result: dict[str, Any]) -> Text:
     text = Text()
+    for row in result["rows"]:
+        failure = row.get("failure")
+        if failure and failure["kind"] != "mem-limit":
+            text.append(f"{row['mode']} at N={row['world_size']} failed: {failure['headline']}\n", style="red")
     tensors = result.get("tensors", [])
     scope = common_scope([t["name"] for t in tensors])
     growing = [t for t in tensors if t.get("growth_bytes_per_rank")]
@@ -106,7 +110,10 @@ def compare_report(result: dict[str, Any]) -> Group:
     header = Panel(Text(f"{title}  modes {', '.join(result.get('modes', []))}  "
                         f"ranks {', '.join(map(str, result.get('rank_counts', [])))}  steps {result.get('steps')}"),
                    title="memdiag compare sparse-vs-dense", expand=False)
-    return Group(header, compare_table(result), growth_table(result),
+    parts: list[Any] = [header]
+    if result.get("headline"):
+        parts.append(Panel(Text(result["headline"], style="bold red"), title="headline", expand=False))
+    return Group(*parts, compare_table(result), growth_table(result),
                  Panel(peak_chart(result["rows"]), title="peak RSS per rank", expand=False), verdict(result))
 
 
