@@ -267,8 +267,11 @@ class CollectiveHooks:
             record(meta, shape_in.numpy().tolist(), shape_out.numpy().tolist())
             return []
 
-        shapes = [tf.shape(tensor, out_type=tf.int64), tf.shape(output, out_type=tf.int64)]
-        tf.py_function(emit, shapes, Tout=[], name="memdiag_record")
+        # A static shape is a constant that would let the record run before the collective:
+        # the control dependency makes it wait for the output, so `t` is the completion time.
+        with tf.control_dependencies([output]):
+            shapes = [tf.shape(tensor, out_type=tf.int64), tf.shape(output, out_type=tf.int64)]
+            tf.py_function(emit, shapes, Tout=[], name="memdiag_record")
 
     # -- context ------------------------------------------------------------------------------------
     def _context(self) -> tuple[list[Origin], list[Origin]]:

@@ -62,6 +62,16 @@ class ResNetConfig:
     # After the warm-up: "step" (divide by 10 at 30/90, 60/90, 80/90 of the run) or "cosine".
     decay: str = "step"
 
+    def check(self) -> None:
+        from memdiag._errors import UserError
+
+        if self.decay not in ("step", "cosine"):
+            raise UserError(f"decay {self.decay!r}: choose step or cosine")
+        if self.width != "standard":
+            raise UserError(f"width {self.width!r}: only the standard ResNet-50 width exists")
+        if self.image_size < 32 or self.batch_per_rank < 1 or self.num_classes < 2:
+            raise UserError("image_size must be >= 32, batch_per_rank >= 1 and num_classes >= 2")
+
 
 PRESETS: dict[str, dict[str, Any]] = {
     "transformer": {

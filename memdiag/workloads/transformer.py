@@ -121,7 +121,10 @@ class Transformer(tf.keras.Model):
             y = layer(y, x)
         if self.output_projection is not None:
             return self.output_projection(y)
-        return tf.matmul(y, self.target_embedding.embeddings, transpose_b=True)
+        # 2-D matmul: a batched one would give the tied matrix a [batch, vocab, d_model] gradient.
+        flat = tf.reshape(y, [-1, self.config.d_model])
+        logits = tf.matmul(flat, self.target_embedding.embeddings, transpose_b=True)
+        return tf.reshape(logits, [-1, self.config.seq_len, self.config.vocab_size])
 
 
 class WarmupSchedule(tf.keras.optimizers.schedules.LearningRateSchedule):
