@@ -7,11 +7,13 @@ from memdiag.commands.doctor import DoctorCommand
 from memdiag.commands.predict import PredictCommand
 from memdiag.commands.report import ReportCommand
 from memdiag.commands.run import RunCommand
+from memdiag.commands.scale import ScaleCommand
 
 COMMANDS = {
     "run": RunCommand,
     "compare": CompareCommand,
     "report": ReportCommand,
+    "scale": ScaleCommand,
     "predict": PredictCommand,
     "doctor": DoctorCommand,
 }
