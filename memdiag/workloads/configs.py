@@ -93,7 +93,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         # Word tables that auto should densify (wide rows, many tokens, small vocabulary) beside a
         # 300,000-row side table with 256 lookups per rank that it should keep sparse.
         "small": TransformerConfig(vocab_size=2048, d_model=64, num_layers=1, num_heads=2,
-                                   filter_size=256, seq_len=64, tokens_per_rank=4096,
+                                   filter_size=256, seq_len=64, tokens_per_rank=8192,
                                    tie_target_embedding=False, embedding_size=1024, warmup_steps=400,
                                    side_vocab_size=300000, side_lookups_per_rank=256, side_embedding_size=128),
     },
