@@ -76,6 +76,7 @@ def run_compare(request: CompareRequest, console: Console) -> dict[str, Any]:
             progress.update(overall, description=f"reduction check at N={verify_n}")
             check = request.run_request(verify_n, "sparse", os.path.join(request.out, f"verify-n{verify_n}"))
             check.steps, check.check_reduction, check.memray = 1, True, False
+            check.mem_limit_bytes = None  # not a measured run: it reduces twice on purpose
             verify_dir = execute(check)
     preset = None if request.run_request(1, "sparse", "").is_script else request.preset
     result = analysis.build(request.run_request(1, "sparse", "").label, preset, run_dirs, verify_dir)

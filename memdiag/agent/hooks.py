@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import math
 import threading
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
@@ -187,10 +188,9 @@ class CollectiveHooks:
         def wrap(original: Callable) -> Callable:
             def collective(tensor, *args, **kwargs):
                 origin = self._op_origin(op, tensor, kwargs.get("name"))
-                if tf.executing_eagerly():
-                    # Eager ops block in Python: say what we wait in, should the wait never end.
-                    self.tracer.begin_collective(op, origin.name)
-                output = original(tensor, *args, **kwargs)
+                # What a rank is inside when it is killed or hangs: marked before the op starts.
+                with tf.control_dependencies(self._begin(op, origin, tensor)):
+                    output = original(tensor, *args, **kwargs)
                 self._record(op, origin, tensor, output, grouped=False)
                 return output
 
@@ -246,9 +246,26 @@ class CollectiveHooks:
             return origins
         return [self._op_origin(op, t, None) for t in tensors]
 
-    def _record(self, op: str, origin: Origin, tensor: Any, output: Any, grouped: bool) -> None:
+    def _begin(self, op: str, origin: Origin, tensor: Any) -> list[Any]:
+        """Tell the tracer a collective is starting, with the bytes it will receive; in a graph,
+        the returned op must run before the collective (a control dependency)."""
+        meta = self._meta(op, origin, tensor, grouped=False)
+        world_size = self.world_size()
+
+        def begin(shape_in) -> list:
+            shape = [int(d) for d in (shape_in.numpy() if hasattr(shape_in, "numpy") else shape_in)]
+            expected = math.prod(shape) * meta["itemsize"] * (world_size if op == "allgather" else 1)
+            self.tracer.begin_collective(meta, expected)
+            return []
+
+        if tf.executing_eagerly():
+            begin(tensor.shape)
+            return []
+        return [tf.py_function(begin, [tf.shape(tensor, out_type=tf.int64)], Tout=[], name="memdiag_begin")]
+
+    def _meta(self, op: str, origin: Origin, tensor: Any, grouped: bool) -> dict[str, Any]:
         dtype = tf.as_dtype(tensor.dtype)
-        meta = {
+        return {
             "op": op,
             "name": origin.name,
             "part": ("indices" if _is_integer(tensor) else "values") if origin.sparse and not origin.densified else None,
@@ -258,6 +275,9 @@ class CollectiveHooks:
             "densified": origin.densified,
             "grouped": grouped,
         }
+
+    def _record(self, op: str, origin: Origin, tensor: Any, output: Any, grouped: bool) -> None:
+        meta = self._meta(op, origin, tensor, grouped)
         if tf.executing_eagerly():
             self.tracer.collective(meta, _static_shape(tensor), _static_shape(output))
             return

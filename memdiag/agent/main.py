@@ -129,7 +129,8 @@ def _memory_watchdog(limit: int, tracer: Tracer, writer: RecordWriter) -> Callab
         if rss <= limit:
             return
         writer.write_now({"type": "killed", "reason": "mem-limit", "step": tracer.step, "rss_bytes": rss,
-                          "limit_bytes": limit, "hwm_bytes": read_hwm(), "in_flight": tracer.in_flight()})
+                          "limit_bytes": limit, "hwm_bytes": read_hwm(), "in_flight": tracer.in_flight(),
+                          "received_this_step": tracer.largest_received()})
         os.kill(os.getpid(), signal.SIGKILL)
 
     return check

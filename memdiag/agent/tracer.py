@@ -37,24 +37,18 @@ class Tracer:
         self._hwm_at_start = read_hwm()
         self._lock = threading.RLock()
         self._anchor: tuple | None = None
-        self._previous_order: list[dict[str, Any]] = []  # collectives of the last complete step
-        self._current_order: list[dict[str, Any]] = []
-        self._pending: dict[str, Any] | None = None  # an eager collective not yet completed
-        self._reported_wait = False
+        self._pending: dict[tuple, dict[str, Any]] = {}  # collectives started, not yet completed
+        self._received: list[dict[str, Any]] = []  # collectives completed in the current step
+        self._reported_waits: set[tuple] = set()
         self.on_step_end: list[Callable[[int], dict[str, Any] | None]] = []
 
     # -- steps -------------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
         with self._lock:
-            if self._current_order:
-                # The set-up step's broadcasts say nothing about a training step's order.
-                finished_training_step = self.step != SETUP_STEP
-                if finished_training_step:
-                    self._previous_order = self._current_order
-                self._current_order = []
             self.step = step
             self._step_start = time.time()
             self._hwm_at_start = read_hwm()
+            self._received = []
 
     def end_step(self, step: int | None = None, **extra: Any) -> None:
         """Write the step's memory record and everything buffered during it, then flush."""
@@ -114,34 +108,40 @@ class Tracer:
                 "grouped": meta.get("grouped", False),
             }
             self.writer.add(record)
-            self._pending = None
-            self._current_order.append({k: record[k] for k in ("op", "name", "part", "bytes_out")})
+            key = (meta["op"], meta["name"], meta.get("part"))
+            self._pending.pop(key, None)
+            self._reported_waits.discard(key)
+            self._received.append({k: record[k] for k in ("op", "name", "part", "bytes_out")})
 
-    def begin_collective(self, op: str, name: str) -> None:
+    def begin_collective(self, meta: dict[str, Any], expected_bytes_out: int) -> None:
         with self._lock:
-            self._pending = {"op": op, "name": name, "since": time.time()}
-            self._reported_wait = False
+            key = (meta["op"], meta["name"], meta.get("part"))
+            self._pending[key] = {"op": meta["op"], "name": meta["name"], "part": meta.get("part"),
+                                  "bytes_out": expected_bytes_out, "since": time.time()}
 
     def report_long_wait(self, after_s: float = 2.0) -> None:
-        """Record, once, a collective that has not completed for ``after_s`` (a hang in the making)."""
+        """Record, once each, collectives not completed after ``after_s`` (a hang in the making)."""
         with self._lock:
-            pending = self._pending
-            if pending is None or self._reported_wait or time.time() - pending["since"] < after_s:
-                return
-            self._reported_wait = True
-            self.writer.add({"type": "waiting", "step": self.step, "op": pending["op"], "name": pending["name"],
-                             "since": pending["since"]})
+            now = time.time()
+            for key, pending in self._pending.items():
+                if key not in self._reported_waits and now - pending["since"] >= after_s:
+                    self._reported_waits.add(key)
+                    self.writer.add({"type": "waiting", "step": self.step, **pending})
 
     def in_flight(self) -> dict[str, Any] | None:
-        """The collective this rank is inside now: known for eager collectives; otherwise the one
-        that followed, in the last complete step, the collectives this step has completed so far."""
+        """The collective this rank is inside now: of those started and not completed, the one
+        receiving the most bytes (None if none)."""
         with self._lock:
-            if self._pending is not None:
-                return {"op": self._pending["op"], "name": self._pending["name"], "part": None, "bytes_out": None}
-            done = len(self._current_order)
-            if self._previous_order and done < len(self._previous_order):
-                return {**self._previous_order[done], "inferred_from_step": self.step - 1}
-            return None
+            if not self._pending:
+                return None
+            largest = max(self._pending.values(), key=lambda p: p["bytes_out"])
+            return {**{k: largest[k] for k in ("op", "name", "part", "bytes_out")},
+                    "others_in_flight": len(self._pending) - 1}
+
+    def largest_received(self, count: int = 3) -> list[dict[str, Any]]:
+        """The largest collective outputs of the current step: buffers that may still be alive."""
+        with self._lock:
+            return sorted(self._received, key=lambda r: -r["bytes_out"])[:count]
 
     def _advance_auto_step(self, meta: dict[str, Any]) -> None:
         key = (meta["op"], meta["name"], meta.get("part"))

@@ -41,8 +41,14 @@ def diagnose(run: Run) -> dict[str, Any] | None:
         collective = (f"in {flight['op']} of {flight['name']}"
                       + (f" [{flight['part']}]" if flight.get("part") else "")
                       + (f", {format_bytes(flight['bytes_out'])} out" if flight.get("bytes_out") else "")
-                      + (" (inferred from the previous step)" if "inferred_from_step" in flight else "")
-                      ) if flight else "outside any collective it could name"
+                      + (f", {flight['others_in_flight']} other collective(s) in flight"
+                         if flight.get("others_in_flight") else "")
+                      ) if flight else "with no collective in flight"
+        received = record.get("received_this_step") or []
+        if received:
+            collective += "; largest received this step: " + ", ".join(
+                f"{r['op']} of {r['name']}" + (f" [{r['part']}]" if r.get("part") else "")
+                + f" ({format_bytes(r['bytes_out'])})" for r in received)
         return {
             "kind": "mem-limit",
             "headline": f"rank {rank} killed at step {record['step']} by the memory limit "

@@ -6,6 +6,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from memdiag.analyze.attribution import summary_entry as attribution_entry
 from memdiag.analyze.failure import diagnose
 from memdiag.collect import RankRecords, Run
 
@@ -39,6 +40,8 @@ def rank_summary(records: RankRecords) -> dict[str, Any]:
             per_op[c["op"]] += c["bytes_out"]
     n = max(1, len(step_ids))
     peaks = [s["peak_rss_bytes"] for s in records.steps if "peak_rss_bytes" in s]
+    if records.killed:
+        peaks.append(max(records.killed.get("rss_bytes", 0), records.killed.get("hwm_bytes", 0)))
     hwms = [s.get("hwm_bytes", 0) for s in records.steps] + [(records.end or {}).get("hwm_bytes", 0)]
     end = records.end or {}
     return {
@@ -154,4 +157,5 @@ def summarize(run: Run) -> dict[str, Any]:
         "reduction_checks": checks,
         "failure": diagnose(run),
         "warnings": list(run.warnings),
+        **attribution_entry(run.path),  # "attribution": only when the run has memray files
     }

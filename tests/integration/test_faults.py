@@ -125,3 +125,24 @@ def test_horovod_without_tensorflow_support_is_one_line_and_leaves_no_run(tmp_pa
     assert len(lines) == 1 and "has not been built" in lines[0] and "make setup" in lines[0]
     assert "Traceback" not in result.stderr
     assert not out.exists()
+
+
+def test_a_limit_between_the_dense_and_the_sparse_peak_kills_only_sparse(runs_root):
+    # GIVEN the dense peak of the small Transformer at N=4, and a limit 64 MiB above it (the sparse
+    # path gathers 2 tables x 4 ranks x 8192 rows x 4 KiB = 256 MiB per rank per step on top)
+    dense = runs_root / "limit-dense-n4"
+    assert memdiag("run", "transformer", "--preset", "small", "-n", "4", "--mode", "dense", "--steps", "2",
+                   "--out", str(dense)).returncode == 0
+    limit = read_json(dense / "summary.json")["peak_rss_bytes_max"] + 64 * 2**20
+    # WHEN sparse and dense are compared under that limit
+    out = runs_root / "limit-compare-n4"
+    result = memdiag("compare", "sparse-vs-dense", "transformer", "--preset", "small", "-n", "4",
+                     "--modes", "sparse,dense", "--steps", "2", "--mem-limit", str(limit), "--out", str(out))
+    # THEN dense completes, sparse is killed, and that is the headline
+    data = read_json(out / "compare.json")
+    status = {r["mode"]: r["status"] for r in data["rows"]}
+    assert status == {"dense": "ok", "sparse": "failed"}
+    assert data["headline"].startswith("killed by the memory limit: sparse at N=4")
+    assert "Completed under the same limit: dense at N=4" in data["headline"]
+    assert "allgather" in data["headline"]
+    assert "headline" in result.stdout and result.returncode == 1
