@@ -20,7 +20,7 @@ class CompareRequest:
     target: str
     rank_counts: list[int]
     modes: list[str]
-    steps: int = 4
+    steps: int = 3
     preset: str = "tiny"
     out: str | None = None
     force: bool = False

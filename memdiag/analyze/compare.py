@@ -176,16 +176,17 @@ def build(target: str, preset: str | None, run_dirs: dict[tuple[int, str], str],
     summaries = {key: load_summary(path) for key, path in run_dirs.items()}
     verify_summary = load_summary(verify_dir) if verify_dir else None
     rows = [table_row(summaries[key], run_dirs[key]) for key in sorted(summaries)]
+    fit_from = 2 if len({r["world_size"] for r in rows if r["world_size"] >= 2}) >= 2 else 1
     return {
         "headline": headline(rows),
         "workload": target,
         "preset": preset,
         "rows": rows,
-        "growth_bytes_per_rank": growth(rows, "peak_rss_bytes_max"),
-        # One rank runs no collective at all: the N coefficient is fitted from N >= 2 where possible.
-        "collective_growth_bytes_per_rank": growth(
-            rows, "collective_bytes_per_rank",
-            2 if len({r["world_size"] for r in rows if r["world_size"] >= 2}) >= 2 else 1),
+        # One rank runs no collective and allocates none of Horovod's buffers: growth per added
+        # rank is fitted from N >= 2 where two such rank counts exist.
+        "growth_bytes_per_rank": growth(rows, "peak_rss_bytes_max", fit_from),
+        "collective_growth_bytes_per_rank": growth(rows, "collective_bytes_per_rank", fit_from),
+        "growth_fitted_from_world_size": fit_from,
         "predicted_growth_bytes_per_rank": predicted_growth(summaries),
         "tensors": growth_tensors(summaries),
         "correctness": correctness(run_dirs, summaries, verify_summary),

@@ -20,7 +20,7 @@ class CompareCommand:
         parser.add_argument("--modes", default="sparse,dense,auto", help="modes to run (default all three)")
         parser.add_argument("--out", help="directory for the comparison (default runs/compare-NAME-TIME)")
         parser.add_argument("--inject-fault", choices=("sum-densified",), help=argparse.SUPPRESS)
-        add_launch_options(parser, default_steps=4)
+        add_launch_options(parser, default_steps=3)
 
     def run(self, args: argparse.Namespace, script_args: list[str]) -> int:
         from memdiag.compare import CompareRequest, run_compare

@@ -31,7 +31,8 @@ def compare_table(result: dict[str, Any]) -> Table:
 
 
 def growth_table(result: dict[str, Any]) -> Table:
-    table = Table(title="Growth per added rank (fitted over N)", title_justify="left")
+    since = result.get("growth_fitted_from_world_size", 1)
+    table = Table(title=f"Growth per added rank (fitted over N >= {since})", title_justify="left")
     for column in ("mode", "peak RSS", "collective bytes"):
         table.add_column(column, justify="left" if column == "mode" else "right", no_wrap=True)
     collective = result.get("collective_growth_bytes_per_rank", {})
