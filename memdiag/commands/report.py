@@ -1,4 +1,5 @@
-"""``memdiag report DIR [--format text|json|markdown]``: re-render a run from its directory alone."""
+"""``memdiag report DIR [--format text|json|markdown|chrome] [--plots]``: re-render a run from its
+directory alone."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ class ReportCommand:
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("run_dir", help="directory written by `memdiag run` or `memdiag compare`")
-        parser.add_argument("--format", choices=("text", "json", "markdown"), default="text")
+        parser.add_argument("--format", choices=("text", "json", "markdown", "chrome"), default="text",
+                            help="chrome: write a trace for Perfetto / chrome://tracing (default DIR/trace.json)")
+        parser.add_argument("--output", metavar="FILE", help="where --format chrome writes the trace")
+        parser.add_argument("--plots", action="store_true",
+                            help="also write PNG plots: memory.png for a run, peak-vs-ranks.png for a comparison")
 
     def run(self, args: argparse.Namespace, script_args: list[str]) -> int:
         import os
@@ -21,11 +26,36 @@ class ReportCommand:
         from memdiag.analyze.summary import summarize
         from memdiag.collect import load_run
 
+        from memdiag._errors import UserError
+
+        if args.output and args.format != "chrome":
+            raise UserError("--output is where --format chrome writes its trace; add --format chrome or drop --output")
         if os.path.exists(os.path.join(args.run_dir, "compare.json")):
             from memdiag.commands.compare import render_compare_dir
 
-            return render_compare_dir(args.run_dir, args.format)
+            if args.format == "chrome":
+                raise UserError(f"--format chrome traces one run: give a run directory inside {args.run_dir}")
+            status = render_compare_dir(args.run_dir, args.format)
+            if args.plots:
+                from memdiag.report.plots import write_compare_plots
+
+                _say_plots(write_compare_plots(args.run_dir), args.format)
+            return status
         run = load_run(args.run_dir)
+        if args.format == "chrome":
+            from memdiag.report.trace import write_chrome_trace
+
+            trace = write_chrome_trace(run, args.output)
+            print(f"wrote {trace.path}: {trace.events} events, {trace.ranks} ranks"
+                  + (f", {trace.horovod_events} from Horovod's timeline" if trace.horovod_events else "")
+                  + " (open it in ui.perfetto.dev or chrome://tracing)")
+            for note in trace.notes:
+                print(f"note: {note}")
+            if args.plots:
+                from memdiag.report.plots import write_run_plots
+
+                _say_plots(write_run_plots(run), args.format)
+            return 0
         summary = summarize(run)  # always recomputed from the records: the directory is the truth
         if args.format == "json":
             print(json.dumps(summary, indent=2, default=str))
@@ -37,4 +67,19 @@ class ReportCommand:
             from memdiag.report.terminal import print_run
 
             print_run(summary, run.manifest, Console())
+        if args.plots:
+            from memdiag.report.plots import write_run_plots
+
+            _say_plots(write_run_plots(run), args.format)
         return 0
+
+
+def _say_plots(paths: list[str] | None, fmt: str) -> None:
+    """Where the plots went; on stderr when stdout carries JSON."""
+    import sys
+
+    from memdiag.report.plots import MISSING
+
+    out = sys.stderr if fmt == "json" else sys.stdout
+    for line in ([MISSING] if paths is None else [f"wrote {p}" for p in paths]):
+        print(line, file=out)

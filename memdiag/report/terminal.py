@@ -141,6 +141,10 @@ def run_report(summary: dict[str, Any], manifest: dict[str, Any]) -> Group:
     policy = policy_table(summary)
     if policy is not None:
         parts.append(policy)
+    if summary.get("attribution"):
+        from memdiag.report.attribution import attribution_section
+
+        parts.append(attribution_section(summary["attribution"]))
     parts.append(footer(summary))
     return Group(*parts)
 
