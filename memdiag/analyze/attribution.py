@@ -67,6 +67,7 @@ _CPYTHON_FILE = re.compile(r"(Include|Objects|Modules|Python|Parser)/.*\.[ch]$")
 _OPERATION = re.compile(r"::Compute(Async)?$|::Execute$|PerformOperation$|::InitializeBuffer$")
 TOP_STACKS = 3
 CACHE_FILE = "attribution.json"
+CACHE_VERSION = 1  # raise when the cached figures or stacks would come out differently
 _MEMRAY_FILE = re.compile(r"rank-(\d+)\.memray\.bin$")
 Frame = tuple[str, str, int]  # function, file, line: memray's frame tuples
 
@@ -361,7 +362,7 @@ def memray_files(run_dir: str) -> dict[int, str]:
 
 
 def _fingerprint(files: dict[int, str]) -> dict[str, Any]:
-    rules = hashlib.sha256(json.dumps(RULES).encode()).hexdigest()[:16]
+    rules = hashlib.sha256(json.dumps([CACHE_VERSION, RULES]).encode()).hexdigest()[:16]
     stats = {}
     for path in files.values():
         st = os.stat(path)

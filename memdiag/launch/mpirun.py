@@ -14,7 +14,7 @@ from typing import Callable
 from memdiag._errors import UserError
 
 # Variables the ranks need on other hosts too (mpirun passes them with -x).
-_FORWARD = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "TF_CPP_MIN_LOG_LEVEL")
+_FORWARD = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS")
 _FORWARD_PREFIXES = ("HOROVOD_", "MEMDIAG_")
 
 

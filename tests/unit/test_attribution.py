@@ -283,6 +283,17 @@ def test_the_cache_is_used_until_a_file_changes(memray_file, tmp_path, monkeypat
     assert attribute_run(str(run)).warnings == ["read again"]
 
 
+def test_every_ranks_file_is_read_and_the_ranks_come_in_order(memray_file, tmp_path):
+    # GIVEN three ranks' files, one of them damaged (read in parallel, one process per core)
+    for rank in (0, 2):
+        (tmp_path / f"rank-{rank}.memray.bin").write_bytes(memray_file.read_bytes())
+    (tmp_path / "rank-1.memray.bin").write_bytes(b"oops")
+    result = attribute_run(str(tmp_path), use_cache=False)
+    assert [r.rank for r in result.ranks] == [0, 2] and [r.file for r in result.ranks][1] == "rank-2.memray.bin"
+    assert result.ranks[0].groups == result.ranks[1].groups
+    assert len(result.warnings) == 1 and result.warnings[0].startswith("rank 1: rank-1.memray.bin cannot be read")
+
+
 def render(attribution: dict, width: int = 140) -> str:
     console = Console(width=width, file=io.StringIO(), force_terminal=True, color_system=None)
     console.print(attribution_section(attribution))
