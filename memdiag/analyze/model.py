@@ -1,13 +1,15 @@
-"""Prediction at larger rank counts: collective bytes per rank (exact) and peak memory (fitted).
+"""Prediction at larger rank counts: collective bytes per rank (exact) and peak memory (modelled).
 
 Collective bytes follow :mod:`memdiag.formula` exactly. Peak memory is modelled as
 
     peak(N) = base + k x G(N)
 
-where G(N) is the bytes each rank receives by allgather at N ranks, ``base`` is everything that does
-not depend on N, and ``k`` is how many bytes of peak memory each gathered byte costs. Horovod's sparse
-path holds the gathered buffer and its averaged copy (values / N) at once, so k is about 2; it is fitted
-from sparse runs at two or more rank counts when they exist, and taken as 2 otherwise.
+where G(N) is the bytes each rank receives by allgather at N ranks and ``k`` what each gathered byte
+costs at the peak. Horovod's sparse path with op=Average holds the gathered values twice (the
+allgather output and its average, values / N, a second tensor of the same size) and the indices
+once, so k = (2 x values + indices) / (values + indices), just under 2. ``base`` is anchored at the
+largest rank count measured: at small N the gathered buffers partly reuse memory the allocator
+already holds, so a straight fit over small N underestimates the slope (it is reported beside).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class MemoryModel:
     cost_per_gathered_byte: float = DEFAULT_COST_PER_GATHERED_BYTE
     fitted_from: list[int] = field(default_factory=list)
     margin: float = 1.0
+    fitted_cost: float | None = None  # slope of a straight fit over the measured N, for comparison
 
     def gathered_bytes(self, mode: str, world_size: int) -> int:
         if world_size == 1:
@@ -93,24 +96,34 @@ def build_model(summaries: list[dict[str, Any]], margin: float = 1.0) -> MemoryM
         tensors.update(tensors_from_summary(summary))
     dense_bytes = max((dense_collective_bytes(s) for s in summaries if s["world_size"] > 1), default=0)
     probe = MemoryModel(tensors, dense_bytes, {}, margin=margin)
-    base: dict[str, float] = {}
-    cost = DEFAULT_COST_PER_GATHERED_BYTE
+    cost = physical_cost(tensors)
     sparse = sorted((s for s in summaries if s["mode"] == "sparse" and s["peak_rss_bytes_max"]),
                     key=lambda s: s["world_size"])
-    if len({s["world_size"] for s in sparse if s["world_size"] > 1}) >= 2:
-        sparse = [s for s in sparse if s["world_size"] > 1]  # one rank has no Horovod buffers at all
-    fit = linear_fit([probe.gathered_bytes("sparse", s["world_size"]) for s in sparse],
-                     [s["peak_rss_bytes_max"] for s in sparse])
-    if fit is not None and fit[0] > 0:
-        cost, base["sparse"] = fit
-    for mode in ("sparse", "dense", "auto"):
+    several = len({s["world_size"] for s in sparse if s["world_size"] > 1}) >= 2
+    fitted = [s for s in sparse if s["world_size"] > 1] if several else sparse
+    fit = linear_fit([probe.gathered_bytes("sparse", s["world_size"]) for s in fitted],
+                     [s["peak_rss_bytes_max"] for s in fitted])
+    base: dict[str, float] = {}
+    if sparse:
+        anchor = sparse[-1]
+        base["sparse"] = anchor["peak_rss_bytes_max"] - cost * probe.gathered_bytes("sparse", anchor["world_size"])
+    for mode in ("dense", "auto"):
         runs = [s for s in summaries if s["mode"] == mode and s["peak_rss_bytes_max"]]
-        if len({r["world_size"] for r in runs if r["world_size"] > 1}) >= 1:
+        if any(r["world_size"] > 1 for r in runs):
             runs = [r for r in runs if r["world_size"] > 1]
-        if runs and mode not in base:
+        if runs:
             base[mode] = max(s["peak_rss_bytes_max"] - cost * probe.gathered_bytes(mode, s["world_size"])
                              for s in runs)
-    return MemoryModel(tensors, dense_bytes, base, cost, [s["world_size"] for s in summaries], margin)
+    model = MemoryModel(tensors, dense_bytes, base, cost, [s["world_size"] for s in summaries], margin)
+    model.fitted_cost = None if fit is None else fit[0]
+    return model
+
+
+def physical_cost(tensors: dict[str, SparseGradientShape]) -> float:
+    """Peak bytes per gathered byte on Horovod's averaging sparse path: values twice, indices once."""
+    values = sum(t.rows_per_rank * t.row_bytes for t in tensors.values())
+    indices = sum(t.rows_per_rank * t.index_bytes for t in tensors.values())
+    return DEFAULT_COST_PER_GATHERED_BYTE if not values else (2 * values + indices) / (values + indices)
 
 
 def prediction_table(model: MemoryModel, rank_counts: list[int], modes: list[str],
@@ -127,6 +140,7 @@ def prediction_table(model: MemoryModel, rank_counts: list[int], modes: list[str
         "ranks_over_budget": {m: (None if budget is None else model.ranks_over_budget(m, budget)) for m in modes},
         "count_overflow": {name: shape.overflow_ranks() for name, shape in model.tensors.items()},
         "cost_per_gathered_byte": model.cost_per_gathered_byte,
+        "fitted_cost_per_gathered_byte": model.fitted_cost,
         "base_bytes": model.base,
         "fitted_from_world_sizes": sorted(set(model.fitted_from)),
         "tensors": {name: vars(shape) for name, shape in model.tensors.items()},

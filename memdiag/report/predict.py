@@ -28,8 +28,10 @@ def prediction_report(table: dict[str, Any]) -> Group:
                      format_bytes(row["gathered_bytes_per_rank"]), peak,
                      format_bytes(seen["peak_rss_bytes"]) if seen else "", error)
     notes = Text()
-    notes.append(f"peak = base + {table['cost_per_gathered_byte']:.2f} x gathered bytes "
-                 f"(fitted from N = {', '.join(map(str, table['fitted_from_world_sizes']))})\n")
+    fitted = table.get("fitted_cost_per_gathered_byte")
+    notes.append(f"peak = base + {table['cost_per_gathered_byte']:.2f} x gathered bytes (Horovod holds gathered "
+                 f"values twice), anchored at the largest of N = {', '.join(map(str, table['fitted_from_world_sizes']))}"
+                 + (f"; a straight fit over those N gives {fitted:.2f}" if fitted else "") + "\n")
     if table.get("budget_bytes"):
         for mode, n in table["ranks_over_budget"].items():
             where = "never (up to 2^20 ranks)" if n is None else f"from N = {n}"

@@ -29,8 +29,13 @@ def test_fit_recovers_the_cost_per_gathered_byte_and_predicts_larger_n():
     runs = [summary(n, "sparse", base + 2 * n * per_rank()) for n in (2, 4)]
     runs += [summary(n, "dense", base + 5e6) for n in (2, 4)]
     model = build_model(runs)
-    assert model.cost_per_gathered_byte == pytest.approx(2.0)
-    assert model.peak("sparse", 8) == pytest.approx(base + 2 * 8 * per_rank())
+    # the physical cost: values held twice (gathered and averaged), indices once
+    assert model.cost_per_gathered_byte == pytest.approx((2 * ROW_BYTES + INDEX) / (ROW_BYTES + INDEX))
+    assert model.fitted_cost == pytest.approx(2.0)
+    # anchored at the largest measured N, and growing by the cost of each added rank's rows
+    assert model.peak("sparse", 4) == pytest.approx(base + 2 * 4 * per_rank())
+    expected_8 = base + 2 * 4 * per_rank() + model.cost_per_gathered_byte * 4 * per_rank()
+    assert model.peak("sparse", 8) == pytest.approx(expected_8)
     assert model.peak("dense", 64) == pytest.approx(base + 5e6)
 
 
