@@ -208,7 +208,7 @@ def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None) 
         extra_env.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", os.environ.get("HOROVOD_STALL_CHECK_TIME_SECONDS", str(stall)))
     if request.memray:
         # oneDNN's pooled allocator hands out regions that memray cannot split into tensors.
-        extra_env["TF_ENABLE_ONEDNN_OPTS"] = "0"
+        extra_env["TF_ENABLE_ONEDNN_OPTS"] = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "0")
     if request.horovod_timeline:
         extra_env["HOROVOD_TIMELINE"] = os.path.join(os.path.abspath(out), HOROVOD_TIMELINE)
     launch = mpirun.Launch(request.world_size, [encode_config(config)], hosts=request.hosts,
