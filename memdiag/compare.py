@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from memdiag.analyze import compare as analysis
-from memdiag.launch.session import RunRequest, execute, prepare_run_dir, validate
+from memdiag.launch.session import RunRequest, execute, prepare_run_dir, run_request_from, validate
 
 
 @dataclass
@@ -37,12 +37,7 @@ class CompareRequest:
     mem_limit_bytes: int | None = None
 
     def run_request(self, world_size: int, mode: str, out: str) -> RunRequest:
-        return RunRequest(
-            target=self.target, world_size=world_size, mode=mode, steps=self.steps, preset=self.preset,
-            out=out, hosts=self.hosts, timeout_s=self.timeout_s, margin=self.margin, seed=self.seed,
-            script_args=self.script_args, overrides=self.overrides, spool=self.spool, fault=self.fault,
-            memray=self.memray, horovod_timeline=self.horovod_timeline, mem_limit_bytes=self.mem_limit_bytes,
-        )
+        return run_request_from(self, world_size=world_size, mode=mode, out=out)
 
 
 def run_compare(request: CompareRequest, console: Console) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from memdiag._errors import UserError
 from memdiag.analyze import projection as model
 from memdiag.collect import HOROVOD_TIMELINE, RUN_MANIFEST, SUMMARY, read_rank_file
-from memdiag.launch.session import RunRequest, execute, prepare_run_dir, ranks_per_host, validate
+from memdiag.launch.session import RunRequest, execute, prepare_run_dir, ranks_per_host, run_request_from, validate
 from memdiag.workloads import check as check_workload, configs
 
 SCALE_FILE = "scale.json"
@@ -88,12 +88,8 @@ class ScaleRequest:
         return {**self.overrides, key: str(per_rank)}
 
     def run_request(self, world_size: int, overrides: dict[str, str], out: str) -> RunRequest:
-        return RunRequest(
-            target=self.target, world_size=world_size, mode=self.mode, steps=self.steps, preset=self.preset,
-            out=out, hosts=self.hosts, timeout_s=self.timeout_s, margin=self.margin, seed=self.seed,
-            script_args=self.script_args, overrides=overrides, spool=self.spool, memray=self.memray,
-            horovod_timeline=True,
-        )
+        # Time in collectives is read from Horovod's timeline: always recorded in a scaling study.
+        return run_request_from(self, world_size=world_size, overrides=overrides, out=out, horovod_timeline=True)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import shutil
 import sys
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable
 
 from memdiag import __version__
@@ -52,6 +52,13 @@ class RunRequest:
     @property
     def label(self) -> str:
         return os.path.splitext(os.path.basename(self.target))[0] if self.is_script else self.target
+
+
+def run_request_from(options: Any, **per_run: Any) -> RunRequest:
+    """One run of a study (compare, scale): every launch option the study's request shares with
+    RunRequest, by name, then the fields that differ per run."""
+    shared = {f.name: getattr(options, f.name) for f in fields(RunRequest) if hasattr(options, f.name)}
+    return RunRequest(**{**shared, "force": False, **per_run})
 
 
 def validate(request: RunRequest) -> None:
