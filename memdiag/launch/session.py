@@ -18,7 +18,7 @@ from memdiag.agent.main import encode_config
 from memdiag.collect import HOROVOD_TIMELINE, RUN_MANIFEST, SUMMARY, load_run
 from memdiag.launch import mpirun
 from memdiag.policy import MODES
-from memdiag.workloads import WORKLOADS, check as check_workload
+from memdiag.workloads import check as check_workload
 
 
 @dataclass
@@ -73,9 +73,6 @@ def validate(request: RunRequest) -> None:
     if request.is_script:
         if not os.path.isfile(request.target):
             raise UserError(f"script {request.target} not found; give the path of a Python training script")
-    elif request.target not in WORKLOADS:
-        raise UserError(f"unknown workload {request.target!r}; choose one of {', '.join(WORKLOADS)} "
-                        "or give a path to a .py script")
     else:
         check_workload(request.target, request.preset)
         from memdiag.workloads.configs import PRESETS, with_overrides
