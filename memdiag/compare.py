@@ -35,6 +35,7 @@ class CompareRequest:
     memray: bool = False
     horovod_timeline: bool = False
     mem_limit_bytes: int | None = None
+    threads_per_rank: int | None = None
 
     def run_request(self, world_size: int, mode: str, out: str) -> RunRequest:
         return run_request_from(self, world_size=world_size, mode=mode, out=out)
@@ -69,7 +70,9 @@ def run_compare(request: CompareRequest, console: Console) -> dict[str, Any]:
             # A separate short run reduces every IndexedSlices gradient both ways and compares the
             # results; kept apart so that its extra collectives never touch the measured runs.
             progress.update(overall, description=f"reduction check at N={verify_n}")
-            check = request.run_request(verify_n, "sparse", os.path.join(request.out, f"verify-n{verify_n}"))
+            # A script runs as written (its op, compression, process set) with both reductions compared.
+            check_mode = "as-written" if request.run_request(1, "sparse", "").is_script else "sparse"
+            check = request.run_request(verify_n, check_mode, os.path.join(request.out, f"verify-n{verify_n}"))
             check.steps, check.check_reduction, check.memray = 1, True, False
             check.mem_limit_bytes = None  # not a measured run: it reduces twice on purpose
             verify_dir = execute(check)

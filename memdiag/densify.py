@@ -1,12 +1,20 @@
 """The densify policy applied to live TensorFlow gradients (the agent's hooks and the public API).
 
 :mod:`memdiag.policy` decides from sizes; this module reads the sizes off an ``IndexedSlices``
-gradient, keeps each tensor's decision (made once, at the first step), and converts.
+gradient, agrees on them across the ranks, keeps each tensor's decision (made once, at the first step,
+for the whole job) and converts.
+
+Agreement: in ``auto`` every rank contributes its row count to one max-allreduce (8 bytes, through
+Horovod's own op, on the gradient's process set) the first time a tensor is seen, so every rank decides
+from the same, largest, row count and issues the same collective. It runs eagerly even while a
+``tf.function`` is being traced (``tf.init_scope``), which every rank does at its first step.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from dataclasses import replace
 from typing import Any, Callable
 
 import tensorflow as tf
@@ -14,27 +22,40 @@ import tensorflow as tf
 from memdiag.formula import SparseGradientShape
 from memdiag.policy import Decision, decide
 
+UNKNOWN_ROWS = -1
+
 
 class DensifyPolicy:
     def __init__(
         self,
         mode: str,
         margin: float,
-        world_size: Callable[[], int],
+        world_size: Callable[[], int] | None = None,
         on_decision: Callable[[Decision], None] | None = None,
         fault: str | None = None,
+        agree: Callable[[int, Any, str], int] | None = None,
     ) -> None:
         self.mode = mode
         self.margin = margin
         self.world_size = world_size
         self.on_decision = on_decision
         self.fault = fault
+        self.agree = agree if agree is not None else agree_max_rows
         self.decisions: dict[str, Decision] = {}
 
-    def decide(self, name: str, grad: tf.IndexedSlices, var: Any = None) -> Decision:
-        """The decision for ``name``, made the first time it is seen and kept."""
+    def decide(self, name: str, grad: tf.IndexedSlices, var: Any = None, script_densifies: bool = False,
+               process_set: Any = None) -> Decision:
+        """The decision for ``name``, made the first time it is seen and kept for the whole job."""
         if name not in self.decisions:
-            decision = decide(self.mode, name, self.world_size(), sparse_shape(grad, var), self.margin)
+            world = _set_size(process_set) if process_set is not None or self.world_size is None \
+                else self.world_size()
+            shape = sparse_shape(grad, var)
+            local_rows = None if shape is None else shape.rows_per_rank
+            if self.mode == "auto" and world > 1:
+                # Every rank takes part, known rows or not, so nobody waits alone.
+                rows = self.agree(UNKNOWN_ROWS if local_rows is None else local_rows, process_set, name)
+                shape = None if shape is None or rows == UNKNOWN_ROWS else replace(shape, rows_per_rank=rows)
+            decision = decide(self.mode, name, world, shape, self.margin, script_densifies, local_rows)
             self.decisions[name] = decision
             if self.on_decision is not None:
                 self.on_decision(decision)
@@ -44,19 +65,46 @@ class DensifyPolicy:
         dense = tf.convert_to_tensor(grad)
         if self.fault == "sum-densified":
             # Deliberately wrong (tests of the verification): the average becomes a sum.
-            dense = dense * tf.cast(self.world_size(), dense.dtype)
+            world = self.world_size() if self.world_size is not None else 1
+            dense = dense * tf.cast(world, dense.dtype)
         return dense
 
-    def apply(self, grads: list[Any], variables: list[Any] | None) -> list[Any]:
+    def apply(self, grads: list[Any], variables: list[Any] | None, process_set: Any = None,
+              script_densifies: bool = False) -> list[Any]:
         """Gradients with every IndexedSlices the policy densifies converted to a dense tensor."""
         out = list(grads)
         for i, grad in enumerate(out):
             if isinstance(grad, tf.IndexedSlices):
                 var = variables[i] if variables is not None else None
                 name = getattr(var, "name", None) or f"grad_{i}"
-                if self.decide(name, grad, var).densify:
+                if self.decide(name, grad, var, script_densifies, process_set).densify:
                     out[i] = self.densify(grad)
         return out
+
+
+def agree_max_rows(rows: int, process_set: Any, name: str) -> int:
+    """The largest of every rank's ``rows`` over ``process_set``: one eager max-allreduce.
+
+    Goes to Horovod's op underneath memdiag's recording hook (it is memdiag's, not the job's).
+    """
+    import horovod.tensorflow as hvd
+    from horovod.tensorflow import mpi_ops
+
+    process_set = process_set if process_set is not None else hvd.global_process_set
+    if _set_size(process_set) <= 1:
+        return rows
+    allreduce = mpi_ops._allreduce
+    while hasattr(allreduce, "__wrapped__"):
+        allreduce = allreduce.__wrapped__
+    op_name = "memdiag_agree_" + re.sub(r"[^A-Za-z0-9_.]", "_", name)
+    with tf.init_scope():  # eager, even while a tf.function is traced
+        value = allreduce(tf.constant(rows, tf.int64), op=hvd.Max, process_set=process_set, name=op_name)
+        return int(value.numpy())
+
+
+def _set_size(process_set: Any) -> int:
+    size = process_set.size
+    return int(size() if callable(size) else size)
 
 
 def sparse_shape(grad: tf.IndexedSlices, var: Any) -> SparseGradientShape | None:

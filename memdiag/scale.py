@@ -57,6 +57,8 @@ class ScaleRequest:
     overrides: dict[str, str] = field(default_factory=dict)
     spool: str = "shared"
     memray: bool = False
+    mem_limit_bytes: int | None = None
+    threads_per_rank: int | None = None
 
     @property
     def is_script(self) -> bool:

@@ -1,13 +1,20 @@
 """Hooks on Horovod's TensorFlow collectives: where collective records come from.
 
-Horovod's public functions are replaced, in the modules that hold them, by wrappers that
-(1) apply the densify policy to IndexedSlices gradients before Horovod sees them and
+Horovod's public functions are replaced, in every loaded ``horovod`` module that holds them (so that a
+module which imported one by name, like ``sync_batch_norm``'s ``_allreduce``, is covered too), by
+wrappers that (1) apply the densify policy to IndexedSlices gradients before Horovod sees them and
 (2) record every collective that reaches Horovod's ops with its runtime shapes.
 
-Two levels are wrapped. The gradient level (``_make_allreduce_grads_fn``, ``allreduce``,
+Three levels are wrapped. The constructors (``DistributedGradientTape``, ``DistributedOptimizer``, also
+Keras') record the script's own choices (``sparse_as_dense``, ``op``, compression, process set, groups,
+``backward_passes_per_step``). The gradient level (``_make_allreduce_grads_fn``, ``allreduce``,
 ``grouped_allreduce``) knows variable names and IndexedSlices; it decides and labels. The op level
-(``_allreduce``, ``allgather``, ``broadcast`` ...) is where bytes move; it records. Labels flow from the
-first level to the second through a thread-local context, at graph-construction time.
+(``_allreduce``, ``allgather``, ``broadcast``, ``alltoall`` ...) is where bytes move; it records.
+
+In the default mode (``as-written``) nothing the job does is changed: a script's ``sparse_as_dense=True``
+is carried out here, by the same ``tf.convert_to_tensor`` Horovod would apply, so that each tensor can
+be labelled. Labels flow from the gradient level to the op level in the order Horovod issues the
+reductions (which ``groups=`` changes; :func:`reduction_order` follows Horovod's own rule).
 
 Inside ``tf.function`` (and Horovod runs its gradient reduction in one even in eager code) shapes are
 only known at run time, so the record is written by a ``tf.py_function`` that takes the runtime
@@ -18,16 +25,24 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import itertools
+import hashlib
+import inspect
 import math
+import os
+import sys
 import threading
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import tensorflow as tf
 
 from memdiag.densify import DensifyPolicy
 from memdiag.policy import Decision
+
+# Frames under these folders are not a user's call site: installed packages, the standard library, memdiag.
+_LIBRARY_DIRS = tuple(sorted({os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+                              os.path.dirname(os.__file__) + os.sep}))
 
 
 @dataclass
@@ -37,6 +52,9 @@ class Origin:
     name: str
     sparse: bool = False
     densified: bool = False
+    gradient: bool = False  # a gradient reduction: the anchor of a script's steps
+    reduce_op: str | None = None  # average, sum, adasum, min, max, product
+    process_set_size: int | None = None  # ranks taking part; None: all
 
 
 class CollectiveHooks:
@@ -54,74 +72,153 @@ class CollectiveHooks:
         self.world_size = world_size
         self.policy = DensifyPolicy(mode, margin, world_size, on_decision, fault)
         self.check_reduction = check_reduction
+        self.variables: dict[str, Any] = {}  # trainable variables the gradient hooks saw, by name
         self._plain_allreduce: Callable | None = None
         self._local = threading.local()
-        self._counter = itertools.count()
         self._originals: list[tuple[Any, str, Any]] = []
+        self._choices_seen: set[str] = set()
+        self._initial_recorded = False
+        self._ops: dict[int, str] = {}
 
     # -- installation -------------------------------------------------------------------------
     def install(self) -> None:
         import horovod.tensorflow as hvd
-        import horovod.tensorflow.functions as hvd_functions
         import horovod.tensorflow.mpi_ops as mpi_ops
 
-        gradient_level = {
-            "_make_allreduce_grads_fn": self._wrap_make_allreduce_grads_fn,
-            "allreduce": self._wrap_allreduce,
-            "grouped_allreduce": self._wrap_grouped_allreduce,
-        }
-        op_level = {
-            "_allreduce": self._wrap_op("allreduce"),
-            "_grouped_allreduce": self._wrap_grouped_op("allreduce"),
-            "allgather": self._wrap_op("allgather"),
-            "grouped_allgather": self._wrap_grouped_op("allgather"),
-            "broadcast": self._wrap_op("broadcast"),
-            "broadcast_": self._wrap_inplace_broadcast,
-            "alltoall": self._wrap_op("alltoall"),
-            "_reducescatter": self._wrap_op("reducescatter"),
-            "_grouped_reducescatter": self._wrap_grouped_op("reducescatter"),
+        self._ops = {int(getattr(hvd, n)): n.lower() for n in ("Average", "Sum", "Adasum", "Min", "Max", "Product")}
+        tables = {
+            "constructors": {"DistributedGradientTape": self._wrap_constructor("DistributedGradientTape"),
+                             "DistributedOptimizer": self._wrap_constructor("DistributedOptimizer")},
+            "gradient": {"_make_allreduce_grads_fn": self._wrap_make_allreduce_grads_fn,
+                         "allreduce": self._wrap_allreduce,
+                         "grouped_allreduce": self._wrap_grouped_allreduce},
+            "op": {"_allreduce": self._wrap_op("allreduce"),
+                   "_grouped_allreduce": self._wrap_grouped_op("allreduce"),
+                   "allgather": self._wrap_op("allgather"),
+                   "grouped_allgather": self._wrap_grouped_op("allgather"),
+                   "broadcast": self._wrap_op("broadcast"),
+                   "broadcast_": self._wrap_inplace_broadcast,
+                   "alltoall": self._wrap_op("alltoall"),
+                   "_reducescatter": self._wrap_op("reducescatter"),
+                   "_grouped_reducescatter": self._wrap_grouped_op("reducescatter")},
         }
         self._plain_allreduce = hvd.allreduce
-        for module in (hvd, mpi_ops, hvd_functions):
-            for table in (gradient_level, op_level):
+        _import_keras_frontend()
+        # The functions are defined in these modules; anything else that holds one got it by import.
+        homes = {"constructors": ("horovod.tensorflow", "horovod.tensorflow.keras"),
+                 "gradient": ("horovod.tensorflow",), "op": (mpi_ops.__name__,)}
+        wrapped_of: dict[int, Any] = {}
+        for level, table in tables.items():
+            for home in homes[level]:
+                module = sys.modules.get(home)
                 for attr, wrap in table.items():
-                    original = getattr(module, attr, None)
-                    if original is None or getattr(original, "__memdiag__", False):
+                    original = getattr(module, attr, None) if module is not None else None
+                    if original is None or id(original) in wrapped_of or getattr(original, "__memdiag__", False):
                         continue
                     wrapped = wrap(original)
                     wrapped.__memdiag__ = True
                     wrapped.__wrapped__ = original
-                    self._originals.append((module, attr, original))
-                    setattr(module, attr, wrapped)
+                    wrapped_of[id(original)] = (original, wrapped)
+        for name, module in list(sys.modules.items()):
+            if not (name == "horovod" or name.startswith("horovod.")) or module is None:
+                continue
+            for attr, value in list(vars(module).items()):
+                if id(value) in wrapped_of and wrapped_of[id(value)][0] is value:
+                    self._originals.append((module, attr, value))
+                    setattr(module, attr, wrapped_of[id(value)][1])
 
     def uninstall(self) -> None:
         for module, attr, original in reversed(self._originals):
             setattr(module, attr, original)
         self._originals.clear()
 
+    # -- the script's choices -----------------------------------------------------------------------
+    def _wrap_constructor(self, api: str) -> Callable[[Callable], Callable]:
+        def wrap(original: Callable) -> Callable:
+            signature = _signature(original)
+            frontend = "keras" if "keras" in (original.__module__ or "") else "tensorflow"
+
+            def constructor(*args, **kwargs):
+                arguments = _bind(signature, args, kwargs)
+                choices = {k: self._describe(k, v) for k, v in arguments.items()
+                           if k not in ("gradtape", "optimizer", "name", "device_dense", "device_sparse")}
+                self._record_choices({"api": f"{frontend}.{api}", **choices})
+                return original(*args, **kwargs)
+
+            return constructor
+
+        return wrap
+
+    def _record_choices(self, choices: dict[str, Any]) -> None:
+        key = repr(sorted(choices.items()))
+        if key in self._choices_seen:
+            return
+        self._choices_seen.add(key)
+        self.tracer.writer.add({"type": "choices", "step": self.tracer.step, **choices})
+
+    def _describe(self, key: str, value: Any) -> Any:
+        """A JSON value for one of the script's arguments to Horovod."""
+        if key == "op":
+            return self._op_name(value)
+        if key == "compression":
+            return getattr(value, "__name__", type(value).__name__)
+        if key == "process_set":
+            return _describe_process_set(value)
+        if key in ("groups", "num_groups") and isinstance(value, (list, tuple)):
+            return [[_var_name(v) for v in group] for group in value]
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        return repr(value)
+
+    def _op_name(self, op: Any) -> str:
+        if op is None:
+            return "average"  # Horovod's default
+        return self._ops.get(int(op), str(op))
+
     # -- gradient level -------------------------------------------------------------------------
     def _wrap_make_allreduce_grads_fn(self, original: Callable) -> Callable:
-        def make(name, device_dense, device_sparse, compression, sparse_as_dense, op, *args, **kwargs):
-            # The policy replaces the caller's sparse_as_dense: memdiag decides per tensor.
-            inner = original(name, device_dense, device_sparse, compression, False, op, *args, **kwargs)
+        signature = _signature(original)
+
+        def make(*args, **kwargs):
+            arguments = _bind(signature, args, kwargs)
+            script_densifies = bool(arguments.get("sparse_as_dense"))
+            # memdiag converts (as Horovod would have) so that it can label, and decide, per tensor.
+            inner = original(*_rebind(signature, arguments, sparse_as_dense=False))
+            op, compression = arguments.get("op"), arguments.get("compression")
+            process_set, groups = arguments.get("process_set"), arguments.get("groups")
+            self._record_choices({"api": "gradient reduction", "sparse_as_dense": script_densifies,
+                                  "op": self._op_name(op), "compression": self._describe("compression", compression),
+                                  "process_set": _describe_process_set(process_set),
+                                  "groups": self._describe("groups", groups),
+                                  "gradient_predivide_factor": arguments.get("gradient_predivide_factor")})
+            reduce_op = self._op_name(op)
+            set_size = _set_size(process_set)
 
             def allreduce_grads(grads, vars=None, use_generic_names=False):
                 grads = list(grads)
-                origins = []
+                origins: dict[int, Origin] = {}
                 for i, grad in enumerate(grads):
                     if grad is None:
                         continue
-                    var_name = _var_name(vars[i]) if vars is not None else f"grad_{i}"
+                    var = vars[i] if vars is not None else None
+                    name = _var_name(var) if var is not None else f"grad_{i}"
+                    self._capture(name, var)
+                    origin = Origin(name, gradient=True, reduce_op=reduce_op, process_set_size=set_size)
                     if isinstance(grad, tf.IndexedSlices):
                         if self.check_reduction:
-                            self._compare_reductions(var_name, grad)
-                        decision = self._decide(var_name, grad, vars[i] if vars is not None else None)
+                            self._compare_reductions(name, grad, op, compression, process_set)
+                        decision = self.policy.decide(name, grad, var, script_densifies, process_set)
                         if decision.densify:
-                            grads[i] = self._densify(grad)
-                        origins.append(Origin(var_name, sparse=True, densified=decision.densify))
-                    else:
-                        origins.append(Origin(var_name))
-                with self._queued(origins):
+                            grads[i] = self.policy.densify(grad)
+                        origin = replace(origin, sparse=True, densified=decision.densify)
+                    origins[i] = origin
+                if not self._initial_recorded and self.variables:
+                    # Before the first update: equal between two runs only if the script seeds itself.
+                    self._initial_recorded = True
+                    self.tracer.writer.add({"type": "params_initial", "step": self.tracer.step,
+                                            "digest": self.variables_digest(), "variables": len(self.variables)})
+                order = reduction_order(grads, vars, groups)
+                with self._queued([origins[i] for i in order]):
                     return inner(grads, vars, use_generic_names)
 
             return allreduce_grads
@@ -129,27 +226,36 @@ class CollectiveHooks:
         return make
 
     def _wrap_allreduce(self, original: Callable) -> Callable:
+        signature = _signature(original)
+
         def allreduce(tensor, *args, **kwargs):
-            origin = self._take_origin(kwargs.get("name"), tensor)
-            if isinstance(tensor, tf.IndexedSlices) and not origin.densified:
-                if self._decide(origin.name, tensor, None).densify:
-                    tensor = self._densify(tensor)
+            arguments = _bind(signature, (tensor, *args), kwargs)
+            origin = self._take_origin(arguments.get("name"), tensor, arguments)
+            if isinstance(tensor, tf.IndexedSlices) and not origin.gradient:
+                # A script's own hvd.allreduce of an IndexedSlices: the policy applies as well.
+                decision = self.policy.decide(origin.name, tensor, None, False, arguments.get("process_set"))
+                if decision.densify:
+                    tensor = self.policy.densify(tensor)
                     origin = replace(origin, densified=True)
-            with self._current([origin] if not isinstance(tensor, tf.IndexedSlices) else [], [origin]
-                               if isinstance(tensor, tf.IndexedSlices) else []):
+            sparse = isinstance(tensor, tf.IndexedSlices)
+            with self._current([] if sparse else [origin], [origin] if sparse else []):
                 return original(tensor, *args, **kwargs)
 
         return allreduce
 
     def _wrap_grouped_allreduce(self, original: Callable) -> Callable:
+        signature = _signature(original)
+
         def grouped_allreduce(tensors, *args, **kwargs):
+            arguments = _bind(signature, (tensors, *args), kwargs)
             tensors = list(tensors)
             dense, sparse = [], []
             for i, tensor in enumerate(tensors):
-                origin = self._take_origin(None, tensor)
-                if isinstance(tensor, tf.IndexedSlices) and not origin.densified:
-                    if self._decide(origin.name, tensor, None).densify:
-                        tensors[i] = self._densify(tensor)
+                origin = self._take_origin(None, tensor, arguments)
+                if isinstance(tensor, tf.IndexedSlices) and not origin.gradient:
+                    decision = self.policy.decide(origin.name, tensor, None, False, arguments.get("process_set"))
+                    if decision.densify:
+                        tensors[i] = self.policy.densify(tensor)
                         origin = replace(origin, densified=True)
                 (sparse if isinstance(tensors[i], tf.IndexedSlices) else dense).append(origin)
             with self._current(dense, sparse):
@@ -157,18 +263,47 @@ class CollectiveHooks:
 
         return grouped_allreduce
 
-    def _compare_reductions(self, name: str, grad: tf.IndexedSlices) -> None:
-        """Reduce the same gradient both ways, here, and record how far the dense results differ."""
-        gathered = tf.convert_to_tensor(self._plain_allreduce(grad))
-        reduced = self._plain_allreduce(self._densify(grad))
+    def _capture(self, name: str, var: Any) -> None:
+        """Keep the trainable variables the job reduces gradients for: their final values are the
+        job's result (compared between modes), their first values tell whether the script seeds."""
+        if var is not None and name not in self.variables:
+            self.variables[name] = var
+
+    def variables_digest(self) -> str | None:
+        """Fingerprint of the captured variables' current values (read eagerly)."""
+        if not self.variables:
+            return None
+        digest = hashlib.blake2b(digest_size=16)
+        with tf.init_scope():
+            for name in sorted(self.variables):
+                digest.update(np.ascontiguousarray(self.variables[name].numpy()).tobytes())
+        return digest.hexdigest()
+
+    def _compare_reductions(self, name: str, grad: tf.IndexedSlices, op: Any, compression: Any,
+                            process_set: Any) -> None:
+        """Reduce the same gradient both ways, with the script's op, compression and process set,
+        and record how far the dense results differ."""
         writer = self.tracer.writer
+        reduce_op = self._op_name(op)
+        base = {"type": "reduction_check", "name": name, "reduce_op": reduce_op,
+                "compression": self._describe("compression", compression)}
+        if reduce_op not in ("average", "sum"):
+            # Horovod reduces IndexedSlices with Sum or Average only: there is no sparse path to compare.
+            writer.add({**base, "step": self.tracer.step, "skipped": f"op {reduce_op} has no allgather path"})
+            return
+        kwargs: dict[str, Any] = {"op": op}
+        if compression is not None:
+            kwargs["compression"] = compression
+        if process_set is not None:
+            kwargs["process_set"] = process_set
+        gathered = tf.convert_to_tensor(self._plain_allreduce(grad, **kwargs))
+        reduced = self._plain_allreduce(self.policy.densify(grad), **kwargs)
 
         def emit(a, b):
             a, b = a.numpy().astype("float64"), b.numpy().astype("float64")
             diff = float(abs(a - b).max(initial=0.0))
             scale = float(abs(a).max(initial=0.0))
-            writer.add({"type": "reduction_check", "step": self.tracer.step, "name": name,
-                        "max_abs_diff": diff, "scale": scale,
+            writer.add({**base, "step": self.tracer.step, "max_abs_diff": diff, "scale": scale,
                         "max_rel_diff": diff / scale if scale else 0.0})
             return []
 
@@ -177,21 +312,20 @@ class CollectiveHooks:
         else:
             tf.py_function(emit, [gathered, reduced], Tout=[], name="memdiag_reduction_check")
 
-    def _densify(self, grad: tf.IndexedSlices) -> tf.Tensor:
-        return self.policy.densify(grad)
-
-    def _decide(self, name: str, grad: tf.IndexedSlices, var: Any) -> Decision:
-        return self.policy.decide(name, grad, var)
-
     # -- op level ---------------------------------------------------------------------------------
     def _wrap_op(self, op: str) -> Callable[[Callable], Callable]:
         def wrap(original: Callable) -> Callable:
+            signature = _signature(original)
+
             def collective(tensor, *args, **kwargs):
-                origin = self._op_origin(op, tensor, kwargs.get("name"))
+                arguments = _bind(signature, (tensor, *args), kwargs)
+                origin = self._op_origin(op, tensor, arguments)
                 # What a rank is inside when it is killed or hangs: marked before the op starts.
-                with tf.control_dependencies(self._begin(op, origin, tensor)):
+                with tf.control_dependencies(self._begin(op, [(origin, tensor)])):
                     output = original(tensor, *args, **kwargs)
-                self._record(op, origin, tensor, output, grouped=False)
+                # alltoall with splits returns (output, received_splits): the bytes are the output's.
+                received = output[0] if isinstance(output, (tuple, list)) else output
+                self._record(op, origin, tensor, received, grouped=False)
                 return output
 
             return collective
@@ -200,10 +334,14 @@ class CollectiveHooks:
 
     def _wrap_grouped_op(self, op: str) -> Callable[[Callable], Callable]:
         def wrap(original: Callable) -> Callable:
+            signature = _signature(original)
+
             def grouped(tensors, *args, **kwargs):
+                arguments = _bind(signature, (tensors, *args), kwargs)
                 tensors = list(tensors)
-                origins = self._grouped_origins(op, tensors)
-                outputs = original(tensors, *args, **kwargs)
+                origins = self._grouped_origins(op, tensors, arguments)
+                with tf.control_dependencies(self._begin(op, list(zip(origins, tensors)))):
+                    outputs = original(tensors, *args, **kwargs)
                 for origin, tensor, output in zip(origins, tensors, outputs):
                     self._record(op, origin, tensor, output, grouped=True)
                 return outputs
@@ -214,14 +352,17 @@ class CollectiveHooks:
 
     def _wrap_inplace_broadcast(self, original: Callable) -> Callable:
         def broadcast_(variables, *args, **kwargs):
-            outputs = original(variables, *args, **kwargs)
-            for var, output in zip(variables, outputs):
-                self._record("broadcast", Origin(_var_name(var)), var, output, grouped=True)
+            variables = list(variables)
+            origins = [Origin(_var_name(var)) for var in variables]
+            with tf.control_dependencies(self._begin("broadcast", list(zip(origins, variables)))):
+                outputs = original(variables, *args, **kwargs)
+            for origin, var, output in zip(origins, variables, outputs):
+                self._record("broadcast", origin, var, output, grouped=True)
             return outputs
 
         return broadcast_
 
-    def _op_origin(self, op: str, tensor: Any, name: str | None) -> Origin:
+    def _op_origin(self, op: str, tensor: Any, arguments: dict[str, Any]) -> Origin:
         """Label for a tensor reaching an op: from the gradient level if it set one."""
         dense, sparse = self._context()
         if op == "allgather" and sparse:
@@ -234,9 +375,9 @@ class CollectiveHooks:
             return dense.pop(0)
         if op == "broadcast" and isinstance(tensor, tf.Variable):
             return Origin(_var_name(tensor))
-        return Origin(name or f"{op}_{next(self._counter)}")
+        return self._unnamed(op, tensor, arguments)
 
-    def _grouped_origins(self, op: str, tensors: list[Any]) -> list[Origin]:
+    def _grouped_origins(self, op: str, tensors: list[Any], arguments: dict[str, Any]) -> list[Origin]:
         dense, sparse = self._context()
         if op == "allgather" and sparse:
             # grouped_allreduce gathers all values, then all indices, in the same order.
@@ -244,24 +385,39 @@ class CollectiveHooks:
             if tensors and _is_integer(tensors[0]):
                 del sparse[: len(tensors)]
             return origins
-        return [self._op_origin(op, t, None) for t in tensors]
+        return [self._op_origin(op, t, arguments) for t in tensors]
 
-    def _begin(self, op: str, origin: Origin, tensor: Any) -> list[Any]:
-        """Tell the tracer a collective is starting, with the bytes it will receive; in a graph,
-        the returned op must run before the collective (a control dependency)."""
-        meta = self._meta(op, origin, tensor, grouped=False)
+    def _unnamed(self, op: str, tensor: Any, arguments: dict[str, Any]) -> Origin:
+        """A collective the gradient level did not label: its own name, else a stable one made of
+        the script's call site and the tensor's shape (the same on every step)."""
+        name = arguments.get("name")
+        process_set = arguments.get("process_set")
+        reduce_op = self._op_name(arguments.get("op")) if op in ("allreduce", "reducescatter") else None
+        if not name:
+            shape = "x".join("?" if d is None else str(d) for d in tensor.shape.as_list()) \
+                if tensor.shape.rank is not None else "?"
+            name = f"{op}@{_call_site()}[{shape}]"
+        return Origin(name, reduce_op=reduce_op, process_set_size=_set_size(process_set))
+
+    def _begin(self, op: str, items: list[tuple[Origin, Any]]) -> list[Any]:
+        """Tell the tracer collectives are starting, with the bytes each will receive; in a graph,
+        the returned ops must run before the collective (a control dependency)."""
+        metas = [self._meta(op, origin, tensor, grouped=len(items) > 1) for origin, tensor in items]
         world_size = self.world_size()
 
-        def begin(shape_in) -> list:
-            shape = [int(d) for d in (shape_in.numpy() if hasattr(shape_in, "numpy") else shape_in)]
-            expected = math.prod(shape) * meta["itemsize"] * (world_size if op == "allgather" else 1)
-            self.tracer.begin_collective(meta, expected)
+        def begin(*shapes) -> list:
+            for meta, shape_in in zip(metas, shapes):
+                shape = [int(d) for d in (shape_in.numpy() if hasattr(shape_in, "numpy") else shape_in)]
+                ranks = meta["process_set_size"] or world_size
+                expected = math.prod(shape) * meta["itemsize"] * (ranks if op == "allgather" else 1)
+                self.tracer.begin_collective(meta, expected)
             return []
 
         if tf.executing_eagerly():
-            begin(tensor.shape)
+            begin(*[tensor.shape for _, tensor in items])
             return []
-        return [tf.py_function(begin, [tf.shape(tensor, out_type=tf.int64)], Tout=[], name="memdiag_begin")]
+        shapes = [tf.shape(tensor, out_type=tf.int64) for _, tensor in items]
+        return [tf.py_function(begin, shapes, Tout=[], name="memdiag_begin")]
 
     def _meta(self, op: str, origin: Origin, tensor: Any, grouped: bool) -> dict[str, Any]:
         dtype = tf.as_dtype(tensor.dtype)
@@ -274,6 +430,9 @@ class CollectiveHooks:
             "sparse": origin.sparse,
             "densified": origin.densified,
             "grouped": grouped,
+            "gradient": origin.gradient,
+            "reduce_op": origin.reduce_op,
+            "process_set_size": origin.process_set_size,
         }
 
     def _record(self, op: str, origin: Origin, tensor: Any, output: Any, grouped: bool) -> None:
@@ -316,12 +475,96 @@ class CollectiveHooks:
         finally:
             self._local.queue = previous
 
-    def _take_origin(self, name: str | None, tensor: Any) -> Origin:
+    def _take_origin(self, name: str | None, tensor: Any, arguments: dict[str, Any]) -> Origin:
         queue = getattr(self._local, "queue", None)
         if queue:
             return queue.popleft()
-        sparse = isinstance(tensor, tf.IndexedSlices)
-        return Origin(name or f"allreduce_{next(self._counter)}", sparse=sparse)
+        origin = self._unnamed("allreduce", tensor.values if isinstance(tensor, tf.IndexedSlices) else tensor,
+                               {**arguments, "name": name})
+        return replace(origin, sparse=isinstance(tensor, tf.IndexedSlices))
+
+
+def reduction_order(grads: list[Any], variables: list[Any] | None, groups: Any) -> list[int]:
+    """Indices of the non-None gradients in the order Horovod reduces them.
+
+    Horovod's ``_make_cached_allreduce_grads_fn`` keeps the gradients' order, except for ``groups``
+    given as lists of variables: those groups first, in their own order, then every other gradient.
+    """
+    present = [i for i, g in enumerate(grads) if g is not None]
+    if not isinstance(groups, (list, tuple)) or variables is None:
+        return present
+    by_name = {_var_name(variables[i]): i for i in present}
+    order = []
+    for group in groups:
+        for var in group:
+            index = by_name.pop(_var_name(var), None)
+            if index is not None:
+                order.append(index)
+    return order + list(by_name.values())
+
+
+def _import_keras_frontend() -> None:
+    """Horovod's Keras front end, when Keras is there, so that its DistributedOptimizer is hooked too."""
+    try:
+        import horovod.tensorflow.keras  # noqa: F401
+    except Exception:  # noqa: BLE001 - no Keras: nothing of it to hook
+        pass
+
+
+def _signature(function: Callable) -> inspect.Signature | None:
+    try:
+        return inspect.signature(function)
+    except (TypeError, ValueError):
+        return None
+
+
+def _bind(signature: inspect.Signature | None, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments by name, defaults included (empty if they do not fit the signature)."""
+    if signature is None:
+        return dict(kwargs)
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError:
+        return dict(kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _rebind(signature: inspect.Signature | None, arguments: dict[str, Any], **changes: Any) -> list[Any]:
+    """Positional arguments for the same call with ``changes`` applied."""
+    assert signature is not None, "Horovod's _make_allreduce_grads_fn has a Python signature"
+    values = {**arguments, **changes}
+    return [values[name] for name in signature.parameters if name in values]
+
+
+def _describe_process_set(process_set: Any) -> dict[str, Any] | None:
+    if process_set is None:
+        return None
+    return {"id": getattr(process_set, "process_set_id", None), "size": _set_size(process_set),
+            "ranks": list(process_set.ranks) if getattr(process_set, "ranks", None) is not None else None}
+
+
+def _set_size(process_set: Any) -> int | None:
+    if process_set is None:
+        return None
+    try:
+        size = process_set.size()
+    except Exception:  # noqa: BLE001 - a process set not initialised yet has no size
+        return None
+    return None if size is None else int(size)
+
+
+def _call_site() -> str:
+    """``file:line`` of the innermost frame outside Horovod, TensorFlow and memdiag."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        # autograph's converted copy of a function lives in a temporary file: its caller is stable
+        if not (path.startswith(_LIBRARY_DIRS) or "site-packages" in path or path.startswith("<")
+                or "__autograph_generated" in path):
+            return f"{os.path.basename(path)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "unknown"
 
 
 def _var_name(var: Any) -> str:

@@ -1,8 +1,11 @@
 """One rank of a memdiag run.
 
-Order matters: TensorFlow threads are sized before any op runs, the hooks are installed before the
-workload or the user's script imports anything from Horovod, and every exit path writes an ``end``
-record so the launcher can tell a finished rank from one that died.
+Order matters: TensorFlow threads are sized (built-in workloads, or when asked) before any op runs, the
+hooks are installed before the workload or the user's script imports anything from Horovod, and every
+exit path writes an ``end`` record so the launcher can tell a finished rank from one that died.
+
+A user's script is measured as written: its thread pools, its Horovod options and its allocator are
+left alone unless an option of memdiag's asks otherwise (and run.json says so).
 """
 
 from __future__ import annotations
@@ -85,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         writer.write_now(_start_record(config, hvd))
         _run_workload(config, tracer, hvd, spool)
         tracer.finish()
+        if config["script"] is not None:
+            _save_script_parameters(hooks, writer, hvd.rank(), spool)
     except SystemExit as exc:  # a user's script calling sys.exit()
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if code:
@@ -149,12 +154,29 @@ def _start_memray(config: dict[str, Any], spool: str, rank: int) -> Any:
 
 
 def _limit_threads(config: dict[str, Any]) -> None:
-    """Ranks sharing a node share its cores: size TF's pools so they do not fight over them."""
+    """Built-in workloads: ranks sharing a node share its cores, so TF's pools are sized to not fight
+    over them, and one inter-op thread makes peaks repeatable. A script keeps its own settings unless
+    ``--threads-per-rank`` asks."""
+    if config["script"] is not None and not config.get("threads_per_rank"):
+        return
     import tensorflow as tf
 
     threads = config.get("threads_per_rank") or max(1, (os.cpu_count() or 1) // _ranks_on_node())
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
+
+
+def _save_script_parameters(hooks: Any, writer: RecordWriter, rank: int, spool: str) -> None:
+    """The trainable variables a script reduced gradients for, as built-in workloads save theirs:
+    what `compare` checks between modes."""
+    if not hooks.variables:
+        return
+    writer.write_now({"type": "params_final", "digest": hooks.variables_digest(),
+                      "variables": len(hooks.variables)})
+    if rank == 0:
+        from memdiag.workloads.loop import save_parameters
+
+        save_parameters(os.path.join(spool, "params.npz"), list(hooks.variables.values()))
 
 
 def _start_record(config: dict[str, Any], hvd: Any) -> dict[str, Any]:

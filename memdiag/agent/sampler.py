@@ -28,6 +28,11 @@ def read_hwm() -> int:
     return 0
 
 
+# Samples kept per step at most: past it, neighbouring pairs are merged into their larger value, so
+# memory stays bounded however long a step (or a script without steps) runs, and no peak is lost.
+MAX_SAMPLES_PER_STEP = 4096
+
+
 class MemorySampler:
     """Samples RSS every ``interval_s``; keeps the series and the running peak of the current step.
 
@@ -62,6 +67,8 @@ class MemorySampler:
             self._times.append(now)
             self._rss.append(rss)
             self._step_peak = max(self._step_peak, rss)
+            if len(self._rss) > MAX_SAMPLES_PER_STEP:
+                self._times, self._rss = decimate(self._times, self._rss)
         return rss
 
     def take_step(self) -> tuple[int, list[float], list[int]]:
@@ -87,3 +94,16 @@ class MemorySampler:
             if self.on_tick is not None and time.monotonic() - last_tick >= 1.0:
                 last_tick = time.monotonic()
                 self.on_tick()
+
+
+def decimate(times: list[float], rss: list[int]) -> tuple[list[float], list[int]]:
+    """Half the samples: each pair becomes the larger RSS at the time it was seen."""
+    kept_t, kept_r = [], []
+    for i in range(0, len(rss) - 1, 2):
+        j = i if rss[i] >= rss[i + 1] else i + 1
+        kept_t.append(times[j])
+        kept_r.append(rss[j])
+    if len(rss) % 2:
+        kept_t.append(times[-1])
+        kept_r.append(rss[-1])
+    return kept_t, kept_r

@@ -2,7 +2,8 @@
 
 Built-in workloads mark steps explicitly (:meth:`Tracer.begin_step` / :meth:`Tracer.end_step`).
 A user's script is not changed, so its steps are found from the collectives themselves: the first
-gradient collective seen is the anchor, and each time it runs again a new step begins.
+gradient reduction to start is the anchor, and each time it starts again a new step begins. What comes
+before the first anchor (initial broadcasts, model building) is the set-up step, -1.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class Tracer:
         self.rank = rank
         self.auto_steps = auto_steps
         self.max_steps = max_steps
-        self.step = SETUP_STEP if not auto_steps else 0
+        self.step = SETUP_STEP
         self._step_start = time.time()
         self._hwm_at_start = read_hwm()
         self._lock = threading.RLock()
@@ -89,8 +90,6 @@ class Tracer:
     def collective(self, meta: dict[str, Any], shape_in: list[int], shape_out: list[int]) -> None:
         """Record one collective that has completed, with its runtime shapes."""
         with self._lock:
-            if self.auto_steps and meta["op"] != "broadcast":
-                self._advance_auto_step(meta)
             itemsize = meta["itemsize"]
             record = {
                 "type": "collective",
@@ -106,6 +105,9 @@ class Tracer:
                 "sparse": meta["sparse"],
                 "densified": meta["densified"],
                 "grouped": meta.get("grouped", False),
+                "gradient": meta.get("gradient", False),
+                "reduce_op": meta.get("reduce_op"),
+                "process_set_size": meta.get("process_set_size"),
             }
             self.writer.add(record)
             key = (meta["op"], meta["name"], meta.get("part"))
@@ -115,6 +117,8 @@ class Tracer:
 
     def begin_collective(self, meta: dict[str, Any], expected_bytes_out: int) -> None:
         with self._lock:
+            if self.auto_steps:
+                self._advance_auto_step(meta)
             key = (meta["op"], meta["name"], meta.get("part"))
             self._pending[key] = {"op": meta["op"], "name": meta["name"], "part": meta.get("part"),
                                   "bytes_out": expected_bytes_out, "since": time.time()}
@@ -144,12 +148,15 @@ class Tracer:
             return sorted(self._received, key=lambda r: -r["bytes_out"])[:count]
 
     def _advance_auto_step(self, meta: dict[str, Any]) -> None:
+        if not meta.get("gradient"):
+            return
         key = (meta["op"], meta["name"], meta.get("part"))
         if self._anchor is None:
             self._anchor = key
-        elif key == self._anchor:
-            self.end_step()
-            self.begin_step(self.step + 1)
+        elif key != self._anchor:
+            return
+        self.end_step()
+        self.begin_step(self.step + 1)
 
 
 def _finite(value: Any) -> Any:

@@ -89,25 +89,53 @@ def growth_tensors(summaries: dict[tuple[int, str], dict[str, Any]]) -> list[dic
 
 
 def reduction_result(verify_summary: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Both reductions of the same IndexedSlices gradients, compared in one process."""
+    """Both reductions of the same IndexedSlices gradients, compared in one process, with the
+    script's own op, compression and process set."""
     if verify_summary is None:
         return None
-    checks = verify_summary.get("reduction_checks", [])
-    worst = max(checks, key=lambda c: c["max_rel_diff"], default=None)
+    all_checks = verify_summary.get("reduction_checks", [])
+    checks = [c for c in all_checks if "max_rel_diff" in c]
+    skipped = sorted({f"{c['name']}: {c['skipped']}" for c in all_checks if c.get("skipped")})
+    worst = max(checks, key=lambda c: c["max_rel_diff"] / verify.reduction_rtol(c.get("compression")), default=None)
     return {
         "world_size": verify_summary["world_size"],
         "tensors": sorted({c["name"] for c in checks}),
         "max_abs_diff": None if worst is None else worst["max_abs_diff"],
         "max_rel_diff": None if worst is None else worst["max_rel_diff"],
-        "rtol": verify.REDUCTION_RTOL,
-        "passed": None if not checks else all(c["max_rel_diff"] <= verify.REDUCTION_RTOL for c in checks),
+        "rtol": verify.reduction_rtol(None if worst is None else worst.get("compression")),
+        "reduce_ops": sorted({c.get("reduce_op") or "average" for c in checks}),
+        "skipped": skipped,
+        "passed": None if not checks else all(
+            c["max_rel_diff"] <= verify.reduction_rtol(c.get("compression")) for c in checks),
     }
+
+
+def _parameter_check(n: int, mode: str, reference_mode: str, ref_dir: str, run_dir: str,
+                     ref: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """Final parameters and losses of one mode against the reference mode at the same rank count."""
+    base = {"world_size": n, "mode": mode, "against": reference_mode, "max_abs_diff": None,
+            "max_rel_diff": None, "loss_max_rel_diff": None, "variables": []}
+    if ref.get("initial_params_digest") and other.get("initial_params_digest") \
+            and ref["initial_params_digest"] != other["initial_params_digest"]:
+        # Different starting points say nothing about the reduction: the reduction check decides.
+        return {**base, "passed": None,
+                "note": "the script does not seed its initial parameters (they differ between runs): "
+                        "final parameters not compared"}
+    ref_params, params = os.path.join(ref_dir, "params.npz"), os.path.join(run_dir, "params.npz")
+    if not (os.path.exists(ref_params) and os.path.exists(params)):
+        return {**base, "passed": None, "note": "no parameters saved (no gradient reduction was seen)"}
+    diffs = verify.compare_parameters(verify.load_parameters(ref_params), verify.load_parameters(params))
+    losses = verify.compare_losses(_losses(ref), _losses(other))
+    return {**base, "passed": all(d.passed for d in diffs) and losses <= verify.RTOL,
+            "max_abs_diff": max((d.max_abs_diff for d in diffs), default=0.0),
+            "max_rel_diff": max((d.max_rel_diff for d in diffs), default=0.0),
+            "loss_max_rel_diff": losses, "variables": [d.__dict__ for d in diffs]}
 
 
 def correctness(run_dirs: dict[tuple[int, str], str], summaries: dict[tuple[int, str], dict[str, Any]],
                 verify_summary: dict[str, Any] | None = None, reference_mode: str = "sparse") -> dict[str, Any]:
     """Parameters and losses of every mode against the reference mode at the same rank count,
-    and the reduction check of the verification run."""
+    and the reduction check of the verification run. ``passed`` is None when nothing could be checked."""
     checks = []
     for (n, mode), run_dir in sorted(run_dirs.items()):
         ref_key = (n, reference_mode)
@@ -115,38 +143,23 @@ def correctness(run_dirs: dict[tuple[int, str], str], summaries: dict[tuple[int,
             continue
         if summaries[ref_key].get("status") != "ok" or summaries[(n, mode)].get("status") != "ok":
             continue  # a run that did not finish is reported as such, not as a numerical difference
-        ref_params = os.path.join(run_dirs[ref_key], "params.npz")
-        params = os.path.join(run_dir, "params.npz")
-        if not (os.path.exists(ref_params) and os.path.exists(params)):
-            checks.append({"world_size": n, "mode": mode, "against": reference_mode, "passed": False,
-                           "max_abs_diff": None, "max_rel_diff": None, "loss_max_rel_diff": None,
-                           "note": "parameters missing (run failed?)", "variables": []})
-            continue
-        diffs = verify.compare_parameters(verify.load_parameters(ref_params), verify.load_parameters(params))
-        losses = verify.compare_losses(_losses(summaries[ref_key]), _losses(summaries[(n, mode)]))
-        checks.append({
-            "world_size": n, "mode": mode, "against": reference_mode,
-            "passed": all(d.passed for d in diffs) and losses <= verify.RTOL,
-            "max_abs_diff": max((d.max_abs_diff for d in diffs), default=0.0),
-            "max_rel_diff": max((d.max_rel_diff for d in diffs), default=0.0),
-            "loss_max_rel_diff": losses,
-            "variables": [d.__dict__ for d in diffs],
-        })
+        checks.append(_parameter_check(n, mode, reference_mode, run_dirs[ref_key], run_dir,
+                                       summaries[ref_key], summaries[(n, mode)]))
     consistent = [s["consistency"].get("ranks_identical") for s in summaries.values()]
     ranks_identical = None if all(c is None for c in consistent) else all(c is not False for c in consistent)
     reduction = reduction_result(verify_summary)
-    passed = None
-    if checks or ranks_identical is not None or (reduction and reduction["passed"] is not None):
-        passed = (all(c["passed"] for c in checks) and ranks_identical is not False
-                  and (reduction is None or reduction["passed"] is not False))
+    verdicts = [c["passed"] for c in checks] + [ranks_identical] + [None if reduction is None else reduction["passed"]]
+    known = [v for v in verdicts if v is not None]
+    compared = [c for c in checks if c["passed"] is not None]
     return {
-        "passed": passed,
-        "max_abs_diff": max((c["max_abs_diff"] or 0.0 for c in checks), default=None),
-        "max_rel_diff": max((c["max_rel_diff"] or 0.0 for c in checks), default=None),
+        "passed": None if not known else all(known),
+        "max_abs_diff": max((c["max_abs_diff"] or 0.0 for c in compared), default=None),
+        "max_rel_diff": max((c["max_rel_diff"] or 0.0 for c in compared), default=None),
         "rtol": verify.RTOL,
         "atol": verify.ATOL,
         "ranks_identical_every_step": ranks_identical,
         "reduction": reduction,
+        "notes": sorted({c["note"] for c in checks if c.get("note")}),
         "checks": checks,
     }
 

@@ -78,6 +78,8 @@ def collective_summary(run: Run) -> list[dict[str, Any]]:
             "part": part,
             "sparse": bool(last.get("sparse")),
             "densified": bool(last.get("densified")),
+            "reduce_op": last.get("reduce_op"),
+            "process_set_size": last.get("process_set_size"),
             "dtype": last.get("dtype"),
             "shape_in": last.get("shape_in"),
             "shape_out": last.get("shape_out"),
@@ -137,6 +139,15 @@ def summarize(run: Run) -> dict[str, Any]:
             policy.setdefault(p["name"], {k: v for k, v in p.items() if k not in ("type", "rank", "t", "step")})
     peaks = [r["peak_rss_bytes"] for r in ranks if r["peak_rss_bytes"]]
     checks = [c for records in run.ranks.values() for c in records.reduction_checks]
+    choices: list[dict[str, Any]] = []
+    for records in run.ranks.values():
+        for c in (r for r in records.other if r.get("type") == "choices"):
+            entry = {k: v for k, v in c.items() if k not in ("type", "rank", "t", "step")}
+            if entry not in choices:
+                choices.append(entry)
+    params = {kind: {r: rec.get("digest") for r, records in run.ranks.items()
+                     for rec in records.other if rec.get("type") == kind}
+              for kind in ("params_initial", "params_final")}
     return {
         "workload": m.get("workload"),
         "script": m.get("script"),
@@ -152,6 +163,11 @@ def summarize(run: Run) -> dict[str, Any]:
         "ranks": ranks,
         "collectives": collective_summary(run),
         "policy": sorted(policy.values(), key=lambda p: p["name"]),
+        # What the script asked Horovod for (DistributedGradientTape / DistributedOptimizer arguments).
+        "script_choices": choices,
+        "changes_to_job": m.get("changes_to_job", []),
+        "initial_params_digest": params["params_initial"].get(0),
+        "final_params_digest": params["params_final"].get(0),
         "steps_detail": steps,
         "consistency": consistency,
         "reduction_checks": checks,

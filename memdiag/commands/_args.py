@@ -78,6 +78,9 @@ def add_launch_options(parser: argparse.ArgumentParser, default_steps: int) -> N
     parser.add_argument("--memray", action="store_true",
                         help="track every allocation with memray (native stacks) in each rank: "
                              "rank-K.memray.bin, and what holds memory at the peak in the report")
+    parser.add_argument("--threads-per-rank", type=positive_int("--threads-per-rank"), default=None,
+                        metavar="K", help="set TensorFlow's intra-op threads per rank to K (inter-op 1); "
+                                          "a script's own thread settings are kept otherwise")
     parser.add_argument("--horovod-timeline", action="store_true",
                         help="record Horovod's own timeline (rank 0) into the run directory")
 

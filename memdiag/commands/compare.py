@@ -33,6 +33,7 @@ class CompareCommand:
             timeout_s=args.timeout, margin=args.margin, seed=args.seed, script_args=script_args,
             overrides=dict(args.overrides), spool=args.spool, fault=args.inject_fault,
             memray=args.memray, horovod_timeline=args.horovod_timeline, mem_limit_bytes=args.mem_limit,
+            threads_per_rank=args.threads_per_rank,
         )
         result = run_compare(request, Console(stderr=True))
         print_compare(result, Console())

@@ -16,8 +16,9 @@ class RunCommand:
         parser.add_argument("target", help="built-in workload (transformer, mixed, resnet50) or path to a .py script")
         parser.add_argument("-n", "--ranks", dest="world_size", type=positive_int("-n"), required=True,
                             help="number of MPI ranks")
-        parser.add_argument("--mode", type=mode_choice, default="sparse",
-                            help="sparse (Horovod's default) | dense (densify every IndexedSlices) | auto")
+        parser.add_argument("--mode", type=mode_choice, default=None,
+                            help="as-written (a script's default: change nothing) | sparse (allgather every "
+                                 "IndexedSlices, a workload's default) | dense (densify every one) | auto")
         parser.add_argument("--out", help="run directory to create (default runs/NAME-MODE-nN-TIME)")
         add_launch_options(parser, default_steps=5)
 
@@ -33,6 +34,7 @@ class RunCommand:
             timeout_s=args.timeout, margin=args.margin, seed=args.seed, script_args=script_args,
             overrides=dict(args.overrides), spool=args.spool, memray=args.memray,
             horovod_timeline=args.horovod_timeline, mem_limit_bytes=args.mem_limit,
+            threads_per_rank=args.threads_per_rank,
         )
         console = Console(stderr=True)
         with console.status(f"running {request.label} on {request.world_size} rank(s), mode {request.mode}"):

@@ -66,6 +66,7 @@ class ScaleCommand:
             mode=args.mode, steps=args.steps, preset=args.preset, out=args.out, force=args.force,
             hosts=args.hosts, timeout_s=args.timeout, margin=args.margin, seed=args.seed,
             script_args=script_args, overrides=dict(args.overrides), spool=args.spool, memray=args.memray,
+            mem_limit_bytes=args.mem_limit, threads_per_rank=args.threads_per_rank,
         )
         result = run_scale(request, projection, Console(stderr=True))
         print_scale(result, Console())

@@ -17,7 +17,7 @@ from memdiag._errors import UserError
 from memdiag.agent.main import encode_config
 from memdiag.collect import HOROVOD_TIMELINE, RUN_MANIFEST, SUMMARY, load_run
 from memdiag.launch import mpirun
-from memdiag.policy import MODES
+from memdiag.policy import AS_WRITTEN, MODES
 from memdiag.workloads import check as check_workload
 
 
@@ -25,7 +25,7 @@ from memdiag.workloads import check as check_workload
 class RunRequest:
     target: str  # a built-in workload name or a path to a training script
     world_size: int
-    mode: str = "sparse"
+    mode: str | None = None  # None: as-written for a script, sparse (what its code does) for a workload
     steps: int = 5
     preset: str = "tiny"
     out: str | None = None
@@ -44,6 +44,11 @@ class RunRequest:
     mem_limit_bytes: int | None = None  # per rank: a rank passing it is killed, like a batch system does
     memray: bool = False  # a memray tracker (native stacks) in every rank
     horovod_timeline: bool = False  # Horovod's own timeline, written by rank 0
+    threads_per_rank: int | None = None  # set TF's thread pools (a script's own are kept otherwise)
+
+    def __post_init__(self) -> None:
+        if self.mode is None:
+            self.mode = AS_WRITTEN if self.is_script else "sparse"
 
     @property
     def is_script(self) -> bool:
@@ -124,6 +129,23 @@ def write_summary(path: str, summary: dict[str, Any]) -> None:
     os.replace(tmp, os.path.join(path, SUMMARY))
 
 
+def changes_to_job(request: RunRequest) -> list[str]:
+    """What this run changes in the job it measures, in words (empty: measured as written)."""
+    changes = []
+    if request.is_script and request.mode != AS_WRITTEN:
+        changes.append(f"--mode {request.mode}: IndexedSlices gradients reduced as mode {request.mode} says, "
+                       "whatever the script's sparse_as_dense")
+    if request.threads_per_rank:
+        changes.append(f"--threads-per-rank {request.threads_per_rank}: TensorFlow's intra-op pool set to "
+                       f"{request.threads_per_rank} thread(s), inter-op to 1")
+    elif not request.is_script:
+        changes.append("built-in workload: TensorFlow's intra-op pool sized to the cores per rank, inter-op 1")
+    if request.memray:
+        changes.append("--memray: every allocation tracked; oneDNN's pooled allocator off (TF_ENABLE_ONEDNN_OPTS=0) "
+                       "unless the environment sets it")
+    return changes
+
+
 def ranks_per_host(request: RunRequest) -> int:
     if not request.hosts:
         return request.world_size
@@ -185,6 +207,7 @@ def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None) 
         "check_reduction": request.check_reduction,
         "memray": request.memray,
         "mem_limit_bytes": request.mem_limit_bytes,
+        "threads_per_rank": request.threads_per_rank,
     }
     cores = os.cpu_count() or 1
     manifest: dict[str, Any] = {
@@ -203,6 +226,7 @@ def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None) 
         "oversubscribed": ranks_per_host(request) > cores,
         "created": time.time(),
         "status": "running",
+        "changes_to_job": changes_to_job(request),
     }
     write_manifest(out, manifest)
     extra_env = {}

@@ -1,0 +1,92 @@
+"""The job as written: decisions follow the script unless a mode overrides it; auto agrees across ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from memdiag.agent.sampler import MAX_SAMPLES_PER_STEP, MemorySampler, decimate
+from memdiag.formula import SparseGradientShape
+from memdiag.policy import decide
+
+SHAPE = SparseGradientShape(rows_per_rank=4096, row_bytes=512, index_bytes=8, dense_rows=2048)
+
+
+@pytest.mark.parametrize("asked", [False, True])
+def test_as_written_does_what_the_script_asked_and_overrides_nothing(asked):
+    d = decide("as-written", "emb", 4, SHAPE, script_densifies=asked)
+    assert d.densify is asked and not d.overridden
+    assert f"sparse_as_dense={asked}" in d.reason
+
+
+def test_an_explicit_mode_that_differs_from_the_script_is_marked_overridden():
+    d = decide("sparse", "emb", 4, SHAPE, script_densifies=True)
+    assert not d.densify and d.overridden
+    assert "the script asked for sparse_as_dense=True" in d.reason
+    assert d.as_record()["overridden"] is True and d.as_record()["script_sparse_as_dense"] is True
+
+
+def test_auto_without_known_rows_keeps_the_scripts_choice():
+    assert decide("auto", "emb", 4, None, script_densifies=True).densify
+    assert not decide("auto", "emb", 4, None, script_densifies=False).densify
+
+
+def _slices(rows: int, width: int = 8, vocab: int = 64):
+    tf = pytest.importorskip("tensorflow")
+    return tf.IndexedSlices(tf.zeros([rows, width]), tf.zeros([rows], tf.int32), tf.constant([vocab, width]))
+
+
+class _Ranks:
+    """Stands in for the max-allreduce across ranks: every rank's row count is known to the test."""
+
+    def __init__(self, rows_of_every_rank: list[int]) -> None:
+        self.rows = rows_of_every_rank
+        self.calls: list[tuple[int, str]] = []
+
+    def __call__(self, rows: int, process_set, name: str) -> int:
+        self.calls.append((rows, name))
+        return max(self.rows)
+
+
+def test_auto_decides_from_the_largest_row_count_of_any_rank_and_only_once():
+    from memdiag.densify import DensifyPolicy
+
+    # GIVEN two ranks straddling the crossover: 64 x 8 floats dense = 2048 B;
+    # gathered at N=2: 2 x rows x (32 + 4) B -> 28 rows gather 2016 B (sparse), 29 rows 2088 B (dense)
+    ranks = _Ranks([28, 29])
+    policies = [DensifyPolicy("auto", 1.0, lambda: 2, agree=ranks) for _ in range(2)]
+    # WHEN each rank decides from its own gradient
+    decisions = [policy.decide("emb", _slices(rows)) for policy, rows in zip(policies, (28, 29))]
+    # THEN both take the dense path, from the agreed 29 rows, whatever their own count
+    assert [d.densify for d in decisions] == [True, True]
+    assert [d.shape.rows_per_rank for d in decisions] == [29, 29]
+    assert [d.local_rows for d in decisions] == [28, 29]
+    # AND a later step (other rows) reuses the decision without a new agreement
+    assert policies[0].decide("emb", _slices(5)).densify
+    assert len(ranks.calls) == 2
+
+
+def test_reduction_order_follows_horovods_groups_rule():
+    from memdiag.agent.hooks import reduction_order
+
+    class Var:
+        def __init__(self, name):
+            self.name = name
+
+    a, b, c, d = (Var(n) for n in "abcd")
+    grads = ["ga", None, "gc", "gd"]
+    assert reduction_order(grads, [a, b, c, d], None) == [0, 2, 3]
+    assert reduction_order(grads, [a, b, c, d], 2) == [0, 2, 3]
+    # groups of variables: those groups first, in their order, then the rest in variable order
+    assert reduction_order(grads, [a, b, c, d], [[d, b], [c]]) == [3, 2, 0]
+
+
+def test_the_sampler_keeps_a_bounded_series_and_never_loses_the_peak():
+    times = [float(i) for i in range(9)]
+    rss = [1, 5, 2, 2, 9, 3, 0, 4, 7]
+    kept_t, kept_r = decimate(times, rss)
+    assert kept_r == [5, 2, 9, 4, 7] and kept_t == [1.0, 2.0, 4.0, 7.0, 8.0]
+    sampler = MemorySampler()
+    for _ in range(3 * MAX_SAMPLES_PER_STEP):
+        sampler.sample()
+    peak, series_t, series_r = sampler.take_step()
+    assert len(series_r) <= MAX_SAMPLES_PER_STEP + 1 and peak == max(series_r)
