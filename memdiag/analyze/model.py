@@ -1,26 +1,60 @@
 """Prediction at larger rank counts: collective bytes per rank (exact) and peak memory (modelled).
 
-Collective bytes follow :mod:`memdiag.formula` exactly. Peak memory is modelled as
+Collective bytes follow :mod:`memdiag.formula` exactly. Peak memory per rank has two regimes:
 
-    peak(N) = base + k x G(N)
+    peak(N) = max(compute_peak, collective_base + held(N)),   held(N) = sum of k x G(N) over gathered tensors
 
-where G(N) is the bytes each rank receives by allgather at N ranks and ``k`` what each gathered byte
-costs at the peak. Horovod's sparse path with op=Average holds the gathered values twice (the
-allgather output and its average, values / N, a second tensor of the same size) and the indices
-once, so k = (2 x values + indices) / (values + indices), just under 2. ``base`` is anchored at the
-largest rank count measured: at small N the gathered buffers partly reuse memory the allocator
-already holds, so a straight fit over small N underestimates the slope (it is reported beside).
+- G(N) is the bytes one rank receives by allgather for one IndexedSlices gradient at N ranks (the
+  formula). Which tensors are gathered depends on the mode: all in ``sparse``, none in ``dense``, those
+  whose gathered bytes stay within the margin of their dense size in ``auto``, those the script left
+  sparse in ``as-written``.
+- k is what one gathered byte costs at the peak, and follows the reduce op. Horovod's sparse path with
+  op=Average divides the gathered values by N into a second tensor as large as they are: the values are
+  held twice, the indices once, so k = (2 x values + indices) / (values + indices), just under 2. With
+  op=Sum the gathered values are used as they are: k = 1. Horovod 0.28.1 has no allgather path for any
+  other op (Adasum, Min, Max, Product raise NotImplementedError and ask for sparse_as_dense), so such a
+  tensor is counted as a dense allreduce in every mode.
+- compute_peak is the peak outside collective windows (activations, optimizer slots, allocator slack):
+  it does not grow with N. collective_base + held(N) is the peak inside the collective window.
+  collective_base is anchored at the largest N measured (collective peak - held(N)): at small N the
+  gathered buffers partly reuse memory the allocator already holds, so a straight fit over small N
+  underestimates the slope (that fit is reported beside, for comparison).
+
+At small N the compute regime can set the peak and hide the gathered buffers; the model names, per
+mode, the rank count where the collective regime takes over.
+
+Summaries written before the compute and collective peaks were recorded separately (no
+``compute_peak_rss_bytes_max``) give one regime, as before: peak(N) = base + held(N), with the base
+anchored on the overall peak.
+
+Known limit: the dense allreduce buffers of a tensor that ``auto`` densifies only beyond the largest N
+measured are not added to auto's collective base (they do not grow with N; ``dense`` mode's
+prediction, anchored on runs where they exist, includes them).
+
+Invariant: ``auto`` is not monotonic in N (a tensor that auto densifies stops growing and its
+gathered buffers disappear), so a budget crossing is found by scanning every N up to the limit, not by
+bisection over the whole range. The scan is exact and cheap: the set of gathered tensors changes only
+at auto's per-tensor switch points, between which held(N) is linear and non-decreasing, so each such
+interval is searched on its own (see :meth:`MemoryModel.ranks_over_budget`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterator
 
+from memdiag._errors import UserError
 from memdiag.analyze.scaling import linear_fit
 from memdiag.formula import SparseGradientShape
 
-DEFAULT_COST_PER_GATHERED_BYTE = 2.0
+AVERAGE, SUM = "average", "sum"
+GATHERING_OPS = (AVERAGE, SUM)  # the only ops Horovod 0.28.1 reduces an IndexedSlices with by allgather
+DEFAULT_REDUCE_OP = AVERAGE  # Horovod's default, and what policy records without reduce_op mean
+SCAN_LIMIT = 1 << 20
+COMPUTE, COLLECTIVES = "compute", "collectives"
+
+# Where a mode was not measured, the model borrows the figures of a measured mode, nearest first.
+_BORROW = {"auto": ("dense", "sparse"), "dense": ("sparse",), "as-written": ("sparse",)}
 
 
 @dataclass
@@ -29,52 +63,170 @@ class MemoryModel:
 
     tensors: dict[str, SparseGradientShape]
     dense_collective_bytes: int  # allreduce bytes per step of the always-dense gradients
-    base: dict[str, float]  # per mode: peak memory that does not grow with N
-    cost_per_gathered_byte: float = DEFAULT_COST_PER_GATHERED_BYTE
+    base: dict[str, float]  # per mode: collective_base, the peak in the collective window less held(N)
+    compute_peak: dict[str, float] = field(default_factory=dict)  # per mode; absent: one regime
+    reduce_ops: dict[str, str] = field(default_factory=dict)  # per tensor; absent: average
+    script_densifies: frozenset[str] = frozenset()  # tensors the script itself densifies (as-written)
     fitted_from: list[int] = field(default_factory=list)
     margin: float = 1.0
     fitted_cost: float | None = None  # slope of a straight fit over the measured N, for comparison
 
-    def gathered_bytes(self, mode: str, world_size: int) -> int:
-        if world_size == 1:
-            return 0  # one rank runs no collective at all
-        if mode == "dense":
-            return 0
+    # -- the reduce op and what a gathered byte costs ---------------------------------------------
+
+    def reduce_op(self, name: str) -> str:
+        return (self.reduce_ops.get(name) or DEFAULT_REDUCE_OP).lower()
+
+    def cost(self, name: str) -> float:
+        """k of one tensor: peak bytes per gathered byte under its reduce op."""
+        t = self.tensors[name]
+        per_row = t.row_bytes + t.index_bytes
+        if self.reduce_op(name) != AVERAGE or not per_row:
+            return 1.0
+        return (2 * t.row_bytes + t.index_bytes) / per_row
+
+    @property
+    def cost_per_gathered_byte(self) -> float:
+        """k over all gathered tensors (weighted by their gathered bytes, which all grow as N): the one
+        figure the report prints. Each tensor's own k is used in :meth:`held_bytes`."""
+        gathering = [n for n in self.tensors if self.reduce_op(n) in GATHERING_OPS]
+        weights = {n: self.tensors[n].gathered(1) for n in gathering}
+        total = sum(weights.values())
+        if not total:
+            return 1.0  # nothing is gathered: no byte to cost
+        return sum(self.cost(n) * w for n, w in weights.items()) / total
+
+    # -- bytes (exact) ----------------------------------------------------------------------------
+
+    def gathers(self, name: str, mode: str, world_size: int) -> bool:
+        """Whether ``mode`` reduces tensor ``name`` by allgather at ``world_size`` ranks."""
+        if world_size == 1 or mode == "dense" or self.reduce_op(name) not in GATHERING_OPS:
+            return False  # one rank runs no collective; other ops have no allgather path
         if mode == "auto":
-            return sum(t.gathered(world_size) for t in self.tensors.values()
-                       if t.gathered(world_size) <= self.margin * t.dense())
-        return sum(t.gathered(world_size) for t in self.tensors.values())
+            t = self.tensors[name]
+            return t.gathered(world_size) <= self.margin * t.dense()  # memdiag.policy.decide's rule
+        if mode == "as-written":
+            return name not in self.script_densifies
+        return True
+
+    def gathered_bytes(self, mode: str, world_size: int) -> int:
+        return sum(t.gathered(world_size) for name, t in self.tensors.items()
+                   if self.gathers(name, mode, world_size))
+
+    def held_bytes(self, mode: str, world_size: int) -> float:
+        """What the gathered buffers hold at the peak: each tensor's k x G(N)."""
+        return sum(self.cost(name) * t.gathered(world_size) for name, t in self.tensors.items()
+                   if self.gathers(name, mode, world_size))
 
     def collective_bytes(self, mode: str, world_size: int) -> int:
         """Bytes each rank receives per step (exact, from the formula)."""
         if world_size == 1:
             return 0
-        gathered = self.gathered_bytes(mode, world_size)
-        densified = sum(t.dense() for t in self.tensors.values()
-                        if mode == "dense" or (mode == "auto" and t.gathered(world_size) > self.margin * t.dense()))
-        return self.dense_collective_bytes + gathered + densified
+        densified = sum(t.dense() for name, t in self.tensors.items() if not self.gathers(name, mode, world_size))
+        return self.dense_collective_bytes + self.gathered_bytes(mode, world_size) + densified
+
+    # -- peak memory (modelled) -------------------------------------------------------------------
+
+    def _for_mode(self, values: dict[str, float], mode: str) -> float | None:
+        for candidate in (mode, *_BORROW.get(mode, ("sparse",))):
+            if candidate in values:
+                return values[candidate]
+        return next(iter(values.values()), None)
+
+    def collective_base(self, mode: str) -> float:
+        base = self._for_mode(self.base, mode)
+        return 0.0 if base is None else base
+
+    def compute_peak_of(self, mode: str) -> float | None:
+        """The compute regime's peak for ``mode``; None when the summaries did not record it."""
+        return self._for_mode(self.compute_peak, mode)
+
+    def collective_peak(self, mode: str, world_size: int) -> float:
+        return self.collective_base(mode) + self.held_bytes(mode, world_size)
 
     def peak(self, mode: str, world_size: int) -> float:
-        base = self.base.get(mode, self.base.get("sparse"))
-        if mode == "auto" and "auto" not in self.base:
-            base = self.base.get("dense", base)
-        return base + self.cost_per_gathered_byte * self.gathered_bytes(mode, world_size)
+        compute = self.compute_peak_of(mode)
+        collective = self.collective_peak(mode, world_size)
+        return collective if compute is None else max(compute, collective)
 
-    def ranks_over_budget(self, mode: str, budget: float, limit: int = 1 << 20) -> int | None:
-        """Smallest N whose predicted peak exceeds ``budget`` (None if none up to ``limit``)."""
-        if self.peak(mode, limit) <= budget:
+    def regime(self, mode: str, world_size: int) -> str | None:
+        """Which regime sets the peak at ``world_size``; None for one-regime (older) summaries."""
+        compute = self.compute_peak_of(mode)
+        if compute is None:
             return None
-        low, high = 1, limit  # peak is non-decreasing in N for every mode
-        if self.peak(mode, low) > budget:
-            return low
-        while high - low > 1:
-            mid = (low + high) // 2
-            if self.peak(mode, mid) > budget:
-                high = mid
-            else:
-                low = mid
-        return high
+        return COLLECTIVES if self.collective_peak(mode, world_size) > compute else COMPUTE
 
+    # -- scanning N -------------------------------------------------------------------------------
+
+    def switch_points(self, mode: str, limit: int = SCAN_LIMIT) -> list[int]:
+        """Rank counts where the set of gathered tensors may change: N=1 and 2 (no collective on one
+        rank) and, in ``auto``, each tensor's last sparse N and the one after it."""
+        points = {1, 2}
+        if mode == "auto":
+            for t in self.tensors.values():
+                last = _last_sparse_ranks(t, self.margin)
+                points.update({last, last + 1})
+        return sorted(p for p in points if 1 <= p <= limit)
+
+    def intervals(self, mode: str, limit: int = SCAN_LIMIT) -> Iterator[tuple[int, int]]:
+        """[low, high] ranges of N, in order, covering 1..limit, within which the same tensors are
+        gathered: held(N) is linear and non-decreasing inside each."""
+        points = self.switch_points(mode, limit)
+        for low, nxt in zip(points, points[1:] + [limit + 1]):
+            yield low, nxt - 1
+
+    def first_rank_count(self, mode: str, above: Callable[[int], bool], limit: int = SCAN_LIMIT) -> int | None:
+        """Smallest N in 1..limit where ``above(N)`` holds, for a predicate that is monotonic (False
+        then True) wherever held(N) is non-decreasing: each interval is checked at its end and
+        bisected only inside, so a crossing that auto later undoes is still found."""
+        for low, high in self.intervals(mode, limit):
+            if not above(high):
+                continue
+            while low < high:
+                mid = (low + high) // 2
+                if above(mid):
+                    high = mid
+                else:
+                    low = mid + 1
+            return low
+        return None
+
+    def ranks_over_budget(self, mode: str, budget: float, limit: int = SCAN_LIMIT) -> int | None:
+        """Smallest N whose predicted peak exceeds ``budget`` (None if none up to ``limit``)."""
+        return self.first_rank_count(mode, lambda n: self.peak(mode, n) > budget, limit)
+
+    def regime_change_ranks(self, mode: str, limit: int = SCAN_LIMIT) -> int | None:
+        """Smallest N where the gathered buffers set the peak (collective_base + held(N) > compute_peak);
+        None when the compute peak is unknown or always higher up to ``limit``."""
+        compute = self.compute_peak_of(mode)
+        if compute is None:
+            return None
+        return self.first_rank_count(mode, lambda n: self.collective_peak(mode, n) > compute, limit)
+
+    def compute_again_ranks(self, mode: str, limit: int = SCAN_LIMIT) -> int | None:
+        """After the collective regime took over, the first N where compute sets the peak again (auto
+        has densified the tensors that mattered); None if it never does up to ``limit``. held(N) only
+        drops where an interval starts, so only interval starts need checking."""
+        start = self.regime_change_ranks(mode, limit)
+        if start is None:
+            return None
+        return next((low for low, _ in self.intervals(mode, limit)
+                     if low > start and self.regime(mode, low) == COMPUTE), None)
+
+
+def _last_sparse_ranks(t: SparseGradientShape, margin: float) -> int:
+    """The largest N at which auto still gathers ``t`` (gathered <= margin x dense), exactly."""
+    per_rank = t.gathered(1)
+    if not per_rank:
+        return SCAN_LIMIT
+    n = int(margin * t.dense() // per_rank)
+    while t.gathered(n + 1) <= margin * t.dense():  # float margin: settle the rounding on the rule itself
+        n += 1
+    while n > 0 and t.gathered(n) > margin * t.dense():
+        n -= 1
+    return max(n, 1)
+
+
+# -- from summaries -------------------------------------------------------------------------------
 
 def tensors_from_summary(summary: dict[str, Any]) -> dict[str, SparseGradientShape]:
     """The IndexedSlices gradients of a run, with the sizes its policy records carry."""
@@ -89,57 +241,98 @@ def dense_collective_bytes(summary: dict[str, Any]) -> int:
                if c["op"] == "allreduce" and not c["sparse"])
 
 
+def collective_window_peak(summary: dict[str, Any]) -> float | None:
+    """The peak the collective regime is anchored on: inside collective windows where the summary
+    records it, else the steady-state or overall peak (older summaries, and one-rank runs, which have
+    no collective window)."""
+    for key in ("collective_peak_rss_bytes_max", "steady_peak_rss_bytes_max", "peak_rss_bytes_max"):
+        if summary.get(key):
+            return float(summary[key])
+    return None
+
+
+def _runs_to_fit(summaries: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
+    """A mode's runs with a peak; those with N >= 2 where there are any: one rank runs no collective
+    and allocates none of Horovod's buffers (fusion buffer, background thread), so it says nothing
+    about either regime at N >= 2."""
+    runs = [s for s in summaries if s["mode"] == mode and collective_window_peak(s) is not None]
+    several = [s for s in runs if s["world_size"] > 1]
+    return sorted(several or runs, key=lambda s: s["world_size"])
+
+
+def fit_compute_peak(runs: list[dict[str, Any]]) -> float | None:
+    """The compute regime's peak: the MAX over the runs of ``compute_peak_rss_bytes_max``.
+
+    Max, not median: the compute peak does not depend on N, so the runs differ only by measurement
+    (allocator slack, which step set the peak); a budget check must not promise less memory than a
+    run already needed, and with the two or three rank counts a comparison measures a median would
+    be the mean of two and fall below a measured peak.
+    """
+    values = [float(s["compute_peak_rss_bytes_max"]) for s in runs if s.get("compute_peak_rss_bytes_max")]
+    return max(values) if values else None
+
+
 def build_model(summaries: list[dict[str, Any]], margin: float = 1.0) -> MemoryModel:
-    """From one run or several (a comparison): the tensors, the bases and the cost per gathered byte."""
+    """From one run or several (a comparison): tensors and reduce ops, and per mode the compute peak
+    and the collective base anchored at the largest N measured."""
     tensors: dict[str, SparseGradientShape] = {}
+    reduce_ops: dict[str, str] = {}
+    script_densifies: set[str] = set()
     for summary in sorted(summaries, key=lambda s: s["world_size"]):
         tensors.update(tensors_from_summary(summary))
+        for p in summary.get("policy", []):
+            if p.get("reduce_op"):
+                reduce_ops[p["name"]] = p["reduce_op"]
+            if p.get("script_sparse_as_dense"):
+                script_densifies.add(p["name"])
     dense_bytes = max((dense_collective_bytes(s) for s in summaries if s["world_size"] > 1), default=0)
-    probe = MemoryModel(tensors, dense_bytes, {}, margin=margin)
-    cost = physical_cost(tensors)
-    sparse = sorted((s for s in summaries if s["mode"] == "sparse" and s["peak_rss_bytes_max"]),
+    model = MemoryModel(tensors, dense_bytes, {}, reduce_ops=reduce_ops, script_densifies=frozenset(script_densifies),
+                        fitted_from=[s["world_size"] for s in summaries], margin=margin)
+    for mode in sorted({s["mode"] for s in summaries}):
+        runs = _runs_to_fit(summaries, mode)
+        if not runs:
+            continue
+        anchor = runs[-1]
+        model.base[mode] = collective_window_peak(anchor) - model.held_bytes(mode, anchor["world_size"])
+        compute = fit_compute_peak(runs)
+        if compute is not None:
+            model.compute_peak[mode] = compute
+    if not model.base:
+        raise UserError("no run recorded a peak RSS (did every rank fail before its first step?); "
+                        "predict needs at least one run that completed a step")
+    # The straight fit, for comparison: over N >= 2 where two such N were measured, else over all.
+    sparse = sorted((s for s in summaries if s["mode"] == "sparse" and collective_window_peak(s) is not None),
                     key=lambda s: s["world_size"])
-    several = len({s["world_size"] for s in sparse if s["world_size"] > 1}) >= 2
-    fitted = [s for s in sparse if s["world_size"] > 1] if several else sparse
-    fit = linear_fit([probe.gathered_bytes("sparse", s["world_size"]) for s in fitted],
-                     [s["peak_rss_bytes_max"] for s in fitted])
-    base: dict[str, float] = {}
-    if sparse:
-        anchor = sparse[-1]
-        base["sparse"] = anchor["peak_rss_bytes_max"] - cost * probe.gathered_bytes("sparse", anchor["world_size"])
-    for mode in ("dense", "auto"):
-        runs = [s for s in summaries if s["mode"] == mode and s["peak_rss_bytes_max"]]
-        if any(r["world_size"] > 1 for r in runs):
-            runs = [r for r in runs if r["world_size"] > 1]
-        if runs:
-            base[mode] = max(s["peak_rss_bytes_max"] - cost * probe.gathered_bytes(mode, s["world_size"])
-                             for s in runs)
-    model = MemoryModel(tensors, dense_bytes, base, cost, [s["world_size"] for s in summaries], margin)
+    several = [s for s in sparse if s["world_size"] > 1]
+    fitted = several if len({s["world_size"] for s in several}) >= 2 else sparse
+    fit = linear_fit([model.gathered_bytes("sparse", s["world_size"]) for s in fitted],
+                     [collective_window_peak(s) for s in fitted])
     model.fitted_cost = None if fit is None else fit[0]
     return model
 
 
-def physical_cost(tensors: dict[str, SparseGradientShape]) -> float:
-    """Peak bytes per gathered byte on Horovod's averaging sparse path: values twice, indices once."""
-    values = sum(t.rows_per_rank * t.row_bytes for t in tensors.values())
-    indices = sum(t.rows_per_rank * t.index_bytes for t in tensors.values())
-    return DEFAULT_COST_PER_GATHERED_BYTE if not values else (2 * values + indices) / (values + indices)
-
-
 def prediction_table(model: MemoryModel, rank_counts: list[int], modes: list[str],
                      budget: float | None = None) -> dict[str, Any]:
-    """Per rank count and mode: collective bytes and peak; per mode: where the budget is passed;
-    per tensor: where its gathered count passes MPI's 32-bit limit."""
+    """Per rank count and mode: collective bytes, peak and which regime sets it; per mode: where the
+    budget is passed and where the collective regime takes over; per tensor: where its gathered count
+    passes MPI's 32-bit limit."""
     rows = [{"world_size": n, "mode": mode, "collective_bytes_per_rank": model.collective_bytes(mode, n),
              "gathered_bytes_per_rank": model.gathered_bytes(mode, n), "peak_rss_bytes": model.peak(mode, n),
+             "regime": model.regime(mode, n),
              "over_budget": None if budget is None else model.peak(mode, n) > budget}
             for n in rank_counts for mode in modes]
     return {
         "rows": rows,
         "budget_bytes": budget,
+        "scan_limit_ranks": SCAN_LIMIT,
         "ranks_over_budget": {m: (None if budget is None else model.ranks_over_budget(m, budget)) for m in modes},
+        "regime_change_ranks": {m: model.regime_change_ranks(m) for m in modes},
+        "compute_again_ranks": {m: model.compute_again_ranks(m) for m in modes},
+        "compute_peak_bytes": {m: model.compute_peak_of(m) for m in modes},
+        "collective_base_bytes": {m: model.collective_base(m) for m in modes},
         "count_overflow": {name: shape.overflow_ranks() for name, shape in model.tensors.items()},
         "cost_per_gathered_byte": model.cost_per_gathered_byte,
+        "reduce_ops": {name: model.reduce_op(name) for name in model.tensors},
         "fitted_cost_per_gathered_byte": model.fitted_cost,
         "base_bytes": model.base,
         "fitted_from_world_sizes": sorted(set(model.fitted_from)),

@@ -37,8 +37,9 @@ class PredictCommand:
             raise UserError(f"no run in {args.run_dir} has at most {args.fit_max_ranks} ranks; raise --fit-max-ranks")
         model = build_model(fitted)
         table = prediction_table(model, ranks, _modes(args.modes), budget)
+        # The model predicts the steady-state peak (step 0's tracing left out) where summaries record it.
         table["measured"] = [{"world_size": s["world_size"], "mode": s["mode"],
-                              "peak_rss_bytes": s["peak_rss_bytes_max"],
+                              "peak_rss_bytes": s.get("steady_peak_rss_bytes_max") or s["peak_rss_bytes_max"],
                               "collective_bytes_per_rank": max((r["collective_bytes_per_step"] for r in s["ranks"]),
                                                                default=0)}
                              for s in summaries if s["world_size"] in ranks]

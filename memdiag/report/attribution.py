@@ -1,5 +1,9 @@
 """"What holds memory at the peak": the attribution of each rank's memray high-water mark, drawn
-with rich from the plain data in ``summary["attribution"]``."""
+with rich from the plain data in ``summary["attribution"]``.
+
+The group table has one column per rank; on a terminal too narrow for all ranks it is drawn in parts
+that repeat the group names (:class:`memdiag.report._fit.FitTable`), so no figure is cut.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +14,10 @@ import sys
 from typing import Any
 
 from rich.console import Group
-from rich.table import Table
 from rich.text import Text
 
 from memdiag.analyze.attribution import ALLGATHER
+from memdiag.report._fit import Column, FitTable
 from memdiag.units import format_bytes
 
 STACK_GROUPS = 2  # groups per rank whose top stacks are listed
@@ -36,13 +40,12 @@ def _group_order(ranks: list[dict[str, Any]]) -> list[str]:
     return sorted(largest, key=lambda name: -largest[name])
 
 
-def group_table(attribution: dict[str, Any]) -> Table:
+def group_table(attribution: dict[str, Any]) -> FitTable:
     """Groups as rows, ranks as columns: bytes held at the peak and their share of it."""
     ranks = attribution["ranks"]
-    table = Table(title="What holds memory at the peak (memray high-water mark)", title_justify="left")
-    table.add_column("group", min_width=14)
-    for r in ranks:
-        table.add_column(f"rank {r['rank']}", justify="right")
+    table = FitTable([Column("group", kind="prose", justify="left", key=True)]
+                     + [Column(f"rank {r['rank']}") for r in ranks],
+                     title="What holds memory at the peak (memray high-water mark)")
     for name in _group_order(ranks):
         cells = []
         for r in ranks:

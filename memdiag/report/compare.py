@@ -1,4 +1,7 @@
-"""The comparison report: modes x rank counts, growth per added rank, chart, verdict."""
+"""The comparison report: modes x rank counts, growth per added rank, chart, verdict.
+
+Tables are :class:`memdiag.report._fit.FitTable`: no figure, rank count or mode is ever cut.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +9,19 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.panel import Panel
-from rich.table import Table
 from rich.text import Text
 
+from memdiag.report._fit import Column, FitTable
 from memdiag.report.chart import peak_chart
 from memdiag.report.terminal import common_scope, short_name
 from memdiag.units import format_bytes
 
 
-def compare_table(result: dict[str, Any]) -> Table:
-    table = Table(title="Per rank count and mode (max over ranks)", title_justify="left")
-    for column in ("N", "mode", "peak RSS", "coll/step", "gather/step", "step", "items/s", "status"):
-        table.add_column(column, justify="left" if column in ("mode", "status") else "right", no_wrap=True,
-                         min_width=len(column))
+def compare_table(result: dict[str, Any]) -> FitTable:
+    table = FitTable([Column("N", key=True), Column("mode", justify="left", key=True), Column("peak RSS"),
+                      Column("coll/step"), Column("gathered"), Column("step", group=1), Column("items/s", group=1),
+                      Column("status", justify="left", group=1)],
+                     title="Per rank count and mode (max over ranks)")
     for row in result["rows"]:
         table.add_row(
             str(row["world_size"]), row["mode"], format_bytes(row["peak_rss_bytes_max"]),
@@ -30,11 +33,10 @@ def compare_table(result: dict[str, Any]) -> Table:
     return table
 
 
-def growth_table(result: dict[str, Any]) -> Table:
+def growth_table(result: dict[str, Any]) -> FitTable:
     since = result.get("growth_fitted_from_world_size", 1)
-    table = Table(title=f"Growth per added rank (fitted over N >= {since})", title_justify="left")
-    for column in ("mode", "peak RSS", "collective bytes"):
-        table.add_column(column, justify="left" if column == "mode" else "right", no_wrap=True)
+    table = FitTable([Column("mode", justify="left", key=True), Column("peak RSS"), Column("collective bytes")],
+                     title=f"Growth per added rank (fitted over N >= {since})")
     collective = result.get("collective_growth_bytes_per_rank", {})
     for mode, slope in result["growth_bytes_per_rank"].items():
         table.add_row(mode, _signed(slope), _signed(collective.get(mode)))

@@ -1,46 +1,129 @@
-"""The prediction report: per rank count and mode, collective bytes and peak memory."""
+"""The prediction report: per rank count and mode, collective bytes, peak memory and what sets it.
+
+Renders the plain data of :func:`memdiag.analyze.model.prediction_table`; computes nothing. Tables are
+:class:`memdiag.report._fit.FitTable` (no figure, rank count or mode is cut); the notes say in words
+which regime sets the peak up to which N, what a gathered byte costs and why (the reduce op), and where
+each mode passes the memory budget and MPI's 32-bit counts.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from rich.console import Console, Group
-from rich.table import Table
 from rich.text import Text
 
+from memdiag.report._fit import Column, FitTable
 from memdiag.report.terminal import common_scope, short_name
 from memdiag.units import format_bytes
 
+# Why a gathered byte costs k bytes at the peak, per reduce op (Horovod's sparse path).
+K_REASONS = {
+    "average": "op=Average, Horovod holds the gathered values twice (the allgather output and "
+               "values / N) and the indices once",
+    "sum": "op=Sum, the gathered values are used as they are: values and indices held once",
+}
+NO_GATHER_REASON = "has no allgather path in Horovod (sparse_as_dense needed): reduced densely in every mode"
 
-def prediction_report(table: dict[str, Any]) -> Group:
-    measured = {(m["world_size"], m["mode"]): m for m in table.get("measured", [])}
-    grid = Table(title="Predicted per rank (collective bytes exact; peak fitted)", title_justify="left")
-    for column in ("N", "mode", "collective/step", "gathered", "peak RSS", "measured peak", "error"):
-        grid.add_column(column, justify="left" if column == "mode" else "right", no_wrap=True)
+
+def predicted_table(table: dict[str, Any]) -> FitTable:
+    grid = FitTable([Column("N", key=True), Column("mode", justify="left", key=True), Column("coll/step"),
+                     Column("gathered"), Column("peak RSS"), Column("set by", justify="left")],
+                    title="Predicted per rank (bytes exact; peak modelled)")
     for row in table["rows"]:
-        seen = measured.get((row["world_size"], row["mode"]))
-        error = "" if not seen or not seen["peak_rss_bytes"] else \
-            f"{(row['peak_rss_bytes'] - seen['peak_rss_bytes']) / seen['peak_rss_bytes']:+.1%}"
-        peak = format_bytes(row["peak_rss_bytes"])
-        if row["over_budget"]:
-            peak = f"{peak} OOM"
+        peak = format_bytes(row["peak_rss_bytes"]) + (" OOM" if row["over_budget"] else "")
         grid.add_row(str(row["world_size"]), row["mode"], format_bytes(row["collective_bytes_per_rank"]),
-                     format_bytes(row["gathered_bytes_per_rank"]), peak,
-                     format_bytes(seen["peak_rss_bytes"]) if seen else "", error)
-    notes = Text()
+                     format_bytes(row["gathered_bytes_per_rank"]), peak, row.get("regime") or "-")
+    return grid
+
+
+def measured_table(table: dict[str, Any]) -> FitTable | None:
+    """Predicted beside measured, where a run was made at a predicted rank count."""
+    predicted = {(r["world_size"], r["mode"]): r for r in table["rows"]}
+    pairs = [(predicted[(m["world_size"], m["mode"])], m) for m in table.get("measured", [])
+             if (m["world_size"], m["mode"]) in predicted and m.get("peak_rss_bytes")]
+    if not pairs:
+        return None
+    grid = FitTable([Column("N", key=True), Column("mode", justify="left", key=True), Column("predicted"),
+                     Column("measured"), Column("error")],
+                    title="Predicted peak against the runs at the same N")
+    for row, seen in pairs:
+        error = (row["peak_rss_bytes"] - seen["peak_rss_bytes"]) / seen["peak_rss_bytes"]
+        grid.add_row(str(row["world_size"]), row["mode"], format_bytes(row["peak_rss_bytes"]),
+                     format_bytes(seen["peak_rss_bytes"]), f"{error:+.1%}")
+    return grid
+
+
+def _cost_note(table: dict[str, Any]) -> str:
+    ops = table.get("reduce_ops", {})
+    k = table["cost_per_gathered_byte"]
+    gathering = sorted({op for op in ops.values() if op in K_REASONS})
+    others = sorted({op for op in ops.values() if op not in K_REASONS})
+    if not gathering:
+        text = "k: no IndexedSlices gradient is gathered in any mode"
+    elif len(gathering) == 1:
+        text = f"k = {k:.2f} bytes per gathered byte: with {K_REASONS[gathering[0]]}"
+    else:
+        text = (f"k = {k:.2f} bytes per gathered byte, weighted over the tensors: "
+                + "; ".join(f"with {K_REASONS[op]}" for op in gathering))
+    for op in others:
+        text += f"; op={op} {NO_GATHER_REASON}"
+    return text
+
+
+def _regime_note(mode: str, table: dict[str, Any], limit: str) -> str:
+    n = table["regime_change_ranks"].get(mode)
+    compute = format_bytes(table["compute_peak_bytes"][mode])
+    again = (table.get("compute_again_ranks") or {}).get(mode)
+    if n is None:
+        return f"{mode}: compute sets the peak ({compute}) at every N up to {limit}"
+    if n == 1:
+        text = f"{mode}: the collective window sets the peak (above the compute peak {compute})"
+        return text + (f" up to N={again - 1}; compute from N={again}, auto having densified" if again else "")
+    text = f"{mode}: compute sets the peak ({compute}) up to N={n - 1}; "
+    if again is None:
+        return text + f"from N={n} the gathered buffers do"
+    return text + (f"the gathered buffers from N={n} to N={again - 1}; compute again from N={again}, "
+                   "once auto has densified them")
+
+
+def notes(table: dict[str, Any]) -> Text:
+    text = Text()
+    limit = f"2^{table.get('scan_limit_ranks', 2**20).bit_length() - 1}"
+    measured_at = ", ".join(map(str, table["fitted_from_world_sizes"]))
+    two_regimes = any(v is not None for v in table.get("compute_peak_bytes", {}).values())
+    if two_regimes:
+        text.append("peak = max(compute peak, collective base + k x gathered bytes)\n", style="bold")
+    else:
+        text.append("peak = base + k x gathered bytes (these summaries do not separate the compute and "
+                    "collective peaks: one regime)\n", style="bold")
+    text.append(_cost_note(table) + "\n")
     fitted = table.get("fitted_cost_per_gathered_byte")
-    notes.append(f"peak = base + {table['cost_per_gathered_byte']:.2f} x gathered bytes (Horovod holds gathered "
-                 f"values twice), anchored at the largest of N = {', '.join(map(str, table['fitted_from_world_sizes']))}"
-                 + (f"; a straight fit over those N gives {fitted:.2f}" if fitted else "") + "\n")
+    text.append(f"collective base anchored at the largest of N = {measured_at}"
+                + (f"; a straight fit over those N gives k = {fitted:.2f}" if fitted else "") + "\n")
+    if two_regimes:
+        for mode, compute in table["compute_peak_bytes"].items():
+            if compute is not None:
+                text.append(_regime_note(mode, table, limit) + "\n")
     if table.get("budget_bytes"):
+        budget = format_bytes(table["budget_bytes"])
         for mode, n in table["ranks_over_budget"].items():
-            where = "never (up to 2^20 ranks)" if n is None else f"from N = {n}"
-            notes.append(f"{mode}: exceeds {format_bytes(table['budget_bytes'])} per rank {where}\n")
+            text.append(f"{mode}: never exceeds {budget} per rank (up to {limit} ranks)\n" if n is None else
+                        f"{mode}: exceeds {budget} per rank from N = {n}\n")
     scope = common_scope(list(table["count_overflow"]))
     for name, n in table["count_overflow"].items():
         if n:
-            notes.append(f"{short_name(name, scope)}: gathered values pass MPI's 32-bit count limit at N = {n}\n")
-    return Group(grid, notes)
+            text.append(f"{short_name(name, scope)}: gathered values pass MPI's 32-bit count limit at N = {n}\n")
+    return text
+
+
+def prediction_report(table: dict[str, Any]) -> Group:
+    parts: list[Any] = [predicted_table(table)]
+    against = measured_table(table)
+    if against is not None:
+        parts.append(against)
+    parts.append(notes(table))
+    return Group(*parts)
 
 
 def print_prediction(table: dict[str, Any], console: Console | None = None) -> None:

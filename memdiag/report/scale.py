@@ -1,4 +1,8 @@
-"""The scaling report: measured rank counts, the verdict on the set-up, the projection beside published figures."""
+"""The scaling report: measured rank counts, the verdict on the set-up, the projection beside published figures.
+
+Tables are :class:`memdiag.report._fit.FitTable`: on a narrow terminal a table is drawn in parts
+(time, then memory; efficiencies, then communication) that repeat N, rather than cutting a figure.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,9 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.panel import Panel
-from rich.table import Table
 from rich.text import Text
 
+from memdiag.report._fit import Column, FitTable
 from memdiag.units import format_bytes
 
 
@@ -39,21 +43,20 @@ def header(result: dict[str, Any]) -> Panel:
     return Panel(line, title="memdiag scale", expand=False)
 
 
-def measured_table(result: dict[str, Any]) -> Table:
-    table = Table(title="Measured, per rank count (per rank and per step: max over ranks)", title_justify="left")
-    columns = ("N", "items/rank", "step", "items/s", "speedup", "efficiency", "peak RSS", "coll/step",
-               "gather/step", "in coll.", "status")
-    for column in columns:
-        table.add_column(column, justify="left" if column == "status" else "right", no_wrap=True)
+def measured_table(result: dict[str, Any]) -> FitTable:
+    table = FitTable([Column("N", key=True), Column("items/rank"), Column("step"), Column("items/s"),
+                      Column("speedup"), Column("efficiency"), Column("in coll."),
+                      Column("status", justify="left"), Column("peak RSS", group=1), Column("coll/step", group=1),
+                      Column("gather/step", group=1)],
+                     title="Measured, per rank count (per rank and per step: max over ranks)")
     for row in result["rows"]:
         in_collectives = ("-" if row["collective_time_fraction"] is None else
                           f"{_seconds(row['collective_time_s'])} {_percent(row['collective_time_fraction'])}")
         table.add_row(
             str(row["world_size"]), _number(row["items_per_rank"]), _seconds(row["step_time_s"]),
             _number(row["throughput"]), "-" if row["speedup"] is None else f"{row['speedup']:.2f}x",
-            _percent(row["efficiency"]), format_bytes(row["peak_rss_bytes_max"]),
+            _percent(row["efficiency"]), in_collectives, row["status"], format_bytes(row["peak_rss_bytes_max"]),
             format_bytes(row["collective_bytes_per_rank"]), format_bytes(row["allgather_bytes_per_rank"]),
-            in_collectives, row["status"],
         )
     return table
 
@@ -67,16 +70,13 @@ def notes(result: dict[str, Any]) -> Text:
     return text
 
 
-def projection_table(projection: dict[str, Any]) -> Table:
+def projection_table(projection: dict[str, Any]) -> FitTable:
     base = projection["base"]
-    table = Table(title=f"Projected efficiency (strong scaling from N={projection['strong_base_world_size']}, "
-                        f"global batch {projection['strong_base_world_size']} x {_number(base['items_per_rank'])})",
-                  title_justify="left")
-    columns = ("N", "weak sparse", "weak dense", "strong sparse", "strong dense", "comm sparse", "comm dense",
-               "gathered/rank", "published")
-    for column in columns:
-        table.add_column(column, justify="left" if column == "published" else "right",
-                         no_wrap=column != "published", overflow="fold")
+    table = FitTable([Column("N", key=True), Column("weak sparse"), Column("weak dense"), Column("strong sparse"),
+                      Column("strong dense"), Column("comm sparse", group=1), Column("comm dense", group=1),
+                      Column("gathered/rank", group=1), Column("published", kind="prose", justify="left", group=1)],
+                     title=f"Projected efficiency (strong scaling from N={projection['strong_base_world_size']}, "
+                           f"global batch {projection['strong_base_world_size']} x {_number(base['items_per_rank'])})")
     for row in projection["rows"]:
         gathered = format_bytes(row["gathered_bytes_per_rank"]) + (" >MPI int" if row["exceeds_mpi_count"] else "")
         published = "; ".join(f"{_percent(r['efficiency'])} {r['scaling']}" for r in row["references"]) or ""

@@ -1,4 +1,8 @@
-"""The run report drawn with rich: header, per-rank table, per-tensor collective table."""
+"""The run report drawn with rich: header, per-rank table, per-tensor collective table.
+
+Tables are :class:`memdiag.report._fit.FitTable`: figures are never cut, tensor names are shortened
+from the left to the width the console leaves them.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,9 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.panel import Panel
-from rich.table import Table
 from rich.text import Text
 
+from memdiag.report._fit import Column, FitTable
 from memdiag.units import format_bytes
 
 MAX_TENSOR_ROWS = 12
@@ -37,10 +41,10 @@ def run_header(summary: dict[str, Any], manifest: dict[str, Any]) -> Panel:
     return Panel(lines, title="memdiag run", expand=False)
 
 
-def rank_table(summary: dict[str, Any]) -> Table:
-    table = Table(title="Per rank", title_justify="left")
-    for column in ("rank", "status", "peak RSS", "VmHWM", "gather/step", "reduce/step", "step time"):
-        table.add_column(column, justify="left" if column == "status" else "right")
+def rank_table(summary: dict[str, Any]) -> FitTable:
+    table = FitTable([Column("rank", key=True), Column("status", justify="left"), Column("peak RSS"),
+                      Column("VmHWM"), Column("gathered"), Column("reduced"), Column("step time")],
+                     title="Per rank (collective bytes per step)")
     for r in summary["ranks"]:
         table.add_row(
             str(r["rank"]),
@@ -68,46 +72,41 @@ def common_scope(names: list[str]) -> str:
     return ""
 
 
-def _reduction(entry: dict[str, Any]) -> str:
-    if entry["densified"]:
-        return "densified"
-    if entry["sparse"]:
-        return "sparse"
-    return "dense"
+def _collective(entry: dict[str, Any]) -> str:
+    """The collective that reduced the tensor; "densified" is an IndexedSlices gradient that memdiag
+    (or the script's sparse_as_dense) turned dense and allreduced. An IndexedSlices gradient that
+    was gathered shows as allgather of its [values] and [indices]."""
+    return "densified" if entry["densified"] else entry["op"]
 
 
-def tensor_table(summary: dict[str, Any], limit: int = MAX_TENSOR_ROWS) -> Table:
+def tensor_table(summary: dict[str, Any], limit: int = MAX_TENSOR_ROWS) -> FitTable:
+    """Bytes received per rank per call; what one rank sends follows from the rows (in > out), so
+    the column is left out to leave the tensor names room."""
     entries = summary["collectives"]
     shown = entries[:limit]
     scope = common_scope([e["name"] for e in entries])
-    table = Table(title="Collectives per tensor (largest first, bytes per rank per call)", title_justify="left")
-    table.add_column("tensor", overflow="fold", ratio=1, min_width=16)
-    for column in ("op", "rows in>out", "bytes in", "bytes out", "grad"):
-        table.add_column(column, justify="left" if column in ("op", "grad") else "right", no_wrap=True)
+    table = FitTable([Column("tensor", kind="name", justify="left", key=True),
+                      Column("collective", justify="left"), Column("rows in>out"), Column("received")],
+                     title="Collectives per tensor (largest first, bytes received per rank per call)")
     for e in shown:
-        name = Text(short_name(e["name"], scope) + (f" [{e['part']}]" if e["part"] else ""))
+        name = short_name(e["name"], scope) + (f" [{e['part']}]" if e["part"] else "")
         rows = "" if e["rows_in"] is None else f"{e['rows_in']}>{e['rows_out']}"
-        table.add_row(
-            name, e["op"], rows,
-            format_bytes(e["bytes_in_per_rank"]), format_bytes(e["bytes_out_per_rank"]), _reduction(e),
-        )
+        table.add_row(name, _collective(e), rows, format_bytes(e["bytes_out_per_rank"]))
     if len(entries) > limit:
         rest = entries[limit:]
-        table.add_row(f"... {len(rest)} more", "", "", "",
-                      format_bytes(sum(e["bytes_out_per_rank"] for e in rest)), "")
+        table.add_row(f"... {len(rest)} more", "", "", format_bytes(sum(e["bytes_out_per_rank"] for e in rest)))
     return table
 
 
-def policy_table(summary: dict[str, Any]) -> Table | None:
+def policy_table(summary: dict[str, Any]) -> FitTable | None:
     if not summary.get("policy"):
         return None
-    table = Table(title="IndexedSlices gradients: reduction chosen", title_justify="left")
-    table.add_column("tensor", overflow="fold")
-    table.add_column("reduced as", no_wrap=True)
-    table.add_column("reason", overflow="fold", ratio=1)
+    table = FitTable([Column("tensor", kind="name", justify="left", key=True),
+                      Column("reduced as", justify="left"), Column("reason", kind="prose", justify="left")],
+                     title="IndexedSlices gradients: reduction chosen")
     scope = common_scope([p["name"] for p in summary["policy"]])
     for p in summary["policy"]:
-        table.add_row(Text(short_name(p["name"], scope)), "dense allreduce" if p["decision"] == "dense" else "allgather",
+        table.add_row(short_name(p["name"], scope), "dense allreduce" if p["decision"] == "dense" else "allgather",
                       Text(p["reason"]))
     return table
 

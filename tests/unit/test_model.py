@@ -59,3 +59,166 @@ def test_budget_and_32_bit_count_limit():
     assert table["ranks_over_budget"]["dense"] is None
     assert table["count_overflow"]["emb"] == (2**31 - 1) // (ROWS * WIDTH) + 1
     assert SparseGradientShape(5000, 4096, 4, 33945, 1024).overflow_ranks() == 420
+
+
+# -- two regimes: max(compute peak, collective base + k x G(N)) -------------------------------------
+
+def tensor(name: str, rows: int, dense_rows: int, reduce_op: str | None = None, row_bytes: int = ROW_BYTES,
+           index_bytes: int = INDEX) -> dict:
+    entry = {"name": name, "rows_per_rank": rows, "row_bytes": row_bytes, "index_bytes": index_bytes,
+             "dense_rows": dense_rows, "row_elements": row_bytes // 4}
+    if reduce_op is not None:
+        entry["reduce_op"] = reduce_op
+    return entry
+
+
+def two_regime_summary(n: int, mode: str, compute: float, collective: float, tensors: list[dict]) -> dict:
+    """A summary.json dict with the fields that separate the compute and collective peaks."""
+    return {
+        "world_size": n, "mode": mode, "peak_rss_bytes_max": max(compute, collective),
+        "compute_peak_rss_bytes_max": compute, "collective_peak_rss_bytes_max": collective,
+        "steady_peak_rss_bytes_max": max(compute, collective),
+        "policy": tensors, "collectives": [], "ranks": [],
+    }
+
+
+EMB = [tensor("emb", ROWS, DENSE_ROWS)]  # 1000 rows of 400 + 4 bytes per rank: G(N) = 404,000 N
+# op=Average: k x G(N) = N x 1000 x (2 x 400 + 4) = 804,000 N
+
+
+def test_compute_sets_the_peak_at_small_n_and_the_gathered_buffers_from_the_named_rank_count():
+    # GIVEN a compute peak of 10,000,000 at N >= 2 (one rank, with no Horovod buffers, measured more:
+    # it must not count) and a collective window of 6,000,000 + 804,000 N measured at N=4
+    runs = [
+        two_regime_summary(1, "sparse", 50_000_000, 50_000_000, EMB),
+        two_regime_summary(2, "sparse", 9_800_000, 7_608_000, EMB),
+        two_regime_summary(4, "sparse", 10_000_000, 6_000_000 + 4 * 804_000, EMB),
+    ]
+    model = build_model(runs)
+    # THEN the compute peak is the max over N >= 2, the base is anchored at N=4
+    assert model.compute_peak == {"sparse": 10_000_000}
+    assert model.base["sparse"] == pytest.approx(6_000_000)
+    # and the collective window passes 10,000,000 when 804,000 N > 4,000,000: N > 4.975, so N=5
+    assert model.regime_change_ranks("sparse") == 5
+    assert model.peak("sparse", 4) == 10_000_000 and model.regime("sparse", 4) == "compute"
+    assert model.peak("sparse", 5) == pytest.approx(10_020_000) and model.regime("sparse", 5) == "collectives"
+    assert model.peak("sparse", 1) == 10_000_000
+    # a budget of 11,000,000 is passed when 804,000 N > 5,000,000: N > 6.2, so N=7
+    table = prediction_table(model, [4, 5, 8], ["sparse"], budget=11_000_000)
+    assert table["ranks_over_budget"] == {"sparse": 7}
+    assert table["regime_change_ranks"] == {"sparse": 5}
+    assert table["compute_peak_bytes"] == {"sparse": 10_000_000}
+    assert table["collective_base_bytes"]["sparse"] == pytest.approx(6_000_000)
+    assert [r["regime"] for r in table["rows"]] == ["compute", "collectives", "collectives"]
+    assert table["rows"][2]["peak_rss_bytes"] == pytest.approx(6_000_000 + 8 * 804_000)
+
+
+def test_the_compute_peak_is_the_max_of_the_runs_not_their_median():
+    runs = [two_regime_summary(n, "dense", compute, 1_000_000, EMB)
+            for n, compute in ((2, 9_800_000), (4, 10_000_000), (8, 9_900_000))]
+    assert build_model(runs).compute_peak["dense"] == 10_000_000  # the median would be 9,900,000
+
+
+@pytest.mark.parametrize("reduce_op, k, growth_4_to_8", [
+    (None, 804 / 404, 4 * 804_000),  # default: Average, values held twice, indices once
+    ("average", 804 / 404, 4 * 804_000),
+    ("sum", 1.0, 4 * 404_000),  # values and indices held once
+])
+def test_the_cost_of_a_gathered_byte_follows_the_reduce_op(reduce_op, k, growth_4_to_8):
+    emb = [tensor("emb", ROWS, DENSE_ROWS, reduce_op)]
+    model = build_model([two_regime_summary(4, "sparse", 1_000_000, 20_000_000, emb)])
+    assert model.cost_per_gathered_byte == pytest.approx(k)
+    assert model.peak("sparse", 8) - model.peak("sparse", 4) == pytest.approx(growth_4_to_8)
+    assert prediction_table(model, [8], ["sparse"])["reduce_ops"] == {"emb": reduce_op or "average"}
+
+
+def test_an_op_without_an_allgather_path_is_reduced_densely_in_every_mode():
+    # Horovod 0.28.1 raises for an IndexedSlices with op=Adasum: the script must densify it
+    emb = [tensor("emb", ROWS, DENSE_ROWS, "adasum")]
+    model = build_model([two_regime_summary(4, "sparse", 1_000_000, 2_000_000, emb)])
+    assert model.gathered_bytes("sparse", 8) == 0
+    assert model.collective_bytes("sparse", 8) == DENSE_ROWS * ROW_BYTES  # 200,000
+    assert model.peak("sparse", 1024) == 2_000_000
+
+
+def test_mixed_reduce_ops_weight_k_by_the_gathered_bytes():
+    # emb: Average, 404,000 B per rank, k 804/404; side: Sum, 10 rows x 404 = 4,040 B per rank, k 1
+    mixed = [tensor("emb", ROWS, DENSE_ROWS), tensor("side", 10, 10**6, "sum")]
+    model = build_model([two_regime_summary(4, "sparse", 1_000_000, 9_000_000, mixed)])
+    assert model.cost_per_gathered_byte == pytest.approx((804_000 + 4_040) / (404_000 + 4_040))
+    assert model.held_bytes("sparse", 2) == pytest.approx(2 * 804_000 + 2 * 4_040)
+
+
+# auto, non-monotonic: "small" (1000 rows, dense 5000 rows = 2,000,000 B) is gathered up to N=4
+# (5 x 404,000 > 2,000,000) and densified from N=5; "big" (10 rows of a 10^9-row table) is never
+# densified up to 2^20. Per rank, op=Average: held(N) = N x (804,000 + 8,040) for N <= 4, N x 8,040 after.
+AUTO_TENSORS = [tensor("small", 1000, 5000), tensor("big", 10, 10**9)]
+
+
+def auto_model():
+    runs = [two_regime_summary(2, "auto", 1_900_000, 1_000_000 + 2 * 812_040, AUTO_TENSORS),
+            two_regime_summary(8, "auto", 2_000_000, 1_000_000 + 8 * 8_040, AUTO_TENSORS)]
+    return build_model(runs)
+
+
+def naive_bisection(model, mode, budget, limit=1 << 20):
+    """What the model did before: bisection over 1..limit, which assumes the peak grows with N."""
+    low, high = 1, limit
+    while high - low > 1:
+        mid = (low + high) // 2
+        if model.peak(mode, mid) > budget:
+            high = mid
+        else:
+            low = mid
+    return high
+
+
+def test_a_budget_crossing_in_auto_is_found_by_scanning_where_bisection_misses_it():
+    model = auto_model()
+    assert model.base["auto"] == pytest.approx(1_000_000) and model.compute_peak["auto"] == 2_000_000
+    budget = 4_000_000
+    # N=3: 1,000,000 + 3 x 812,040 = 3,436,120; N=4: 4,248,160 (over); N=5: small densified,
+    # 1,000,000 + 5 x 8,040 = 1,040,200, under the compute peak 2,000,000
+    assert model.peak("auto", 3) == pytest.approx(3_436_120)
+    assert model.peak("auto", 4) == pytest.approx(4_248_160)
+    assert model.peak("auto", 5) == 2_000_000
+    # big alone passes the budget when 8,040 N > 3,000,000: N=374 (1,000,000 + 374 x 8,040 = 4,006,960)
+    assert model.peak("auto", 373) == pytest.approx(3_998_920) and model.peak("auto", 374) == pytest.approx(4_006_960)
+    assert model.ranks_over_budget("auto", budget) == 4
+    assert naive_bisection(model, "auto", budget) == 374  # the crossing bisection reports instead
+
+
+def test_auto_names_where_the_collectives_take_over_and_where_compute_sets_the_peak_again():
+    model = auto_model()
+    # N=2: 1,000,000 + 2 x 812,040 = 2,624,080 > 2,000,000; N=5: 1,040,200 < 2,000,000
+    assert model.regime_change_ranks("auto") == 2
+    assert model.compute_again_ranks("auto") == 5
+    assert [model.regime("auto", n) for n in (1, 2, 4, 5, 124, 125)] == \
+        ["compute", "collectives", "collectives", "compute", "compute", "collectives"]  # 8,040 x 125 > 1,000,000
+
+
+@pytest.mark.parametrize("margin", [1.0, 1.5])
+def test_the_interval_scan_equals_a_scan_of_every_rank_count(margin):
+    tensors = [tensor("a", 1000, 5000), tensor("b", 300, 40_000, "sum"), tensor("c", 10, 10**9)]
+    runs = [two_regime_summary(4, "auto", 2_000_000, 1_000_000 + 4 * 1_000, tensors)]
+    model = build_model(runs, margin=margin)
+    limit = 3000
+    for budget in (2_500_000, 3_000_000, 5_000_000, 9_000_000):
+        every = next((n for n in range(1, limit + 1) if model.peak("auto", n) > budget), None)
+        assert model.ranks_over_budget("auto", budget, limit) == every
+    change = next((n for n in range(1, limit + 1) if model.regime("auto", n) == "collectives"), None)
+    assert model.regime_change_ranks("auto", limit) == change
+
+
+def test_summaries_without_the_split_peaks_keep_one_regime():
+    model = build_model([summary(n, "sparse", 1e9 + 2 * n * per_rank()) for n in (2, 4)])
+    table = prediction_table(model, [8], ["sparse"])
+    assert model.compute_peak == {} and table["regime_change_ranks"] == {"sparse": None}
+    assert table["rows"][0]["regime"] is None and table["compute_peak_bytes"] == {"sparse": None}
+
+
+def test_as_written_keeps_what_the_script_asked_for():
+    emb = [{**tensor("emb", ROWS, DENSE_ROWS), "script_sparse_as_dense": True}, tensor("side", 10, 10**6)]
+    model = build_model([two_regime_summary(4, "as-written", 1_000_000, 2_000_000, emb)])
+    assert model.gathered_bytes("as-written", 8) == 8 * 10 * 404  # only the table the script left sparse
+    assert model.gathered_bytes("sparse", 8) == 8 * (ROWS + 10) * 404

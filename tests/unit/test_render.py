@@ -1,12 +1,31 @@
-import io
+"""Reports drawn into a fixed-width console: what they show, and that at 80 columns every table fits
+without cutting a figure, a rank count or a mode, long tensor names being shortened from the left."""
 
+import io
+from pathlib import Path
+
+import pytest
 from rich.console import Console
 
+from memdiag.analyze import compare as compare_analysis
+from memdiag.analyze.attribution import Attribution, attribute_records
+from memdiag.analyze.model import build_model, prediction_table
+from memdiag.analyze.projection import Network
 from memdiag.analyze.summary import summarize
 from memdiag.collect import load_run
+from memdiag.doctor import Check
+from memdiag.report.attribution import attribution_section
+from memdiag.report.compare import print_compare
+from memdiag.report.doctor import print_checks
+from memdiag.report.predict import print_prediction
+from memdiag.report.scale import print_scale
 from memdiag.report.terminal import print_run
+from memdiag.scale import ProjectionRequest, analyze_dir
+from memdiag.units import format_bytes
 
 from tests.unit.fake_run import make_run
+from tests.unit.test_attribution import sample_records
+from tests.unit.transformer_run import ROWS, load_summary, make_transformer_run
 
 
 def render(summary, manifest, width=120) -> str:
@@ -37,3 +56,196 @@ def test_report_fits_an_80_column_terminal(tmp_path):
     run = load_run(str(make_run(tmp_path / "r")))
     text = render(summarize(run), run.manifest, width=80)
     assert max(len(line) for line in text.splitlines()) <= 80
+
+
+# -- every report fits an 80-column terminal: figures whole, names shortened from the left ---------
+
+
+
+
+WIDTH = 80
+MODES = ("sparse", "dense", "auto")
+RANKS = (1, 2, 1200)
+SOURCE_VALUES = "encoder/source_embedding/embeddings [values]"  # the common "transformer/" scope dropped
+GIB = 2**30
+
+
+def narrow(print_report, *args) -> str:
+    out = io.StringIO()
+    print_report(*args, Console(width=WIDTH, file=out, force_terminal=True, color_system=None))
+    return out.getvalue()
+
+
+def assert_fits(text: str) -> None:
+    too_long = [line for line in text.splitlines() if len(line) > WIDTH]
+    assert not too_long, "\n".join(too_long)
+
+
+def rows_by_key(text: str, keys: int = 2) -> dict[tuple[str, ...], list[str]]:
+    """The cells of every table row, gathered by its first ``keys`` cells (a split table repeats them)."""
+    rows: dict[tuple[str, ...], list[str]] = {}
+    for line in text.splitlines():
+        if line.startswith("│"):
+            cells = [c.strip() for c in line.strip().strip("│").split("│")]
+            rows.setdefault(tuple(cells[:keys]), []).extend(cells[keys:])
+    return rows
+
+
+def assert_row(rows: dict, key: tuple[str, ...], *figures: str) -> None:
+    assert key in rows, f"no row {key} in {list(rows)}"
+    for figure in figures:
+        assert figure in rows[key], f"{figure!r} not a whole cell of row {key}: {rows[key]}"
+
+
+def column_text(text: str, index: int) -> str:
+    """One column's cells, line after line, joined at single spaces: what a wrapped column says."""
+    cells = [line.strip().strip("│").split("│")[index] for line in text.splitlines()
+             if line.startswith("│") and line.count("│") > index + 1]
+    return " ".join(" ".join(cells).split())
+
+
+def assert_shortened_from_the_left(text: str, full: str) -> None:
+    tails = [line.split("…", 1)[1].split("│", 1)[0].rstrip() for line in text.splitlines() if "…" in line]
+    assert any(full.endswith(tail) and len(tail) >= 15 for tail in tails), tails
+    assert full not in text
+
+
+@pytest.fixture(scope="module")
+def comparison(tmp_path_factory):
+    """Run directories of every mode at N = 1, 2, 1200, as a comparison writes them."""
+    root = tmp_path_factory.mktemp("comparison")
+    return {(n, mode): str(make_transformer_run(root / f"{mode}-n{n}", n, mode)) for n in RANKS for mode in MODES}
+
+
+def test_run_report_at_80_columns_keeps_every_figure_and_shortens_names_from_the_left(tmp_path):
+    path = make_transformer_run(tmp_path / "r", 4, "sparse")
+    run = load_run(str(path))
+    summary = load_summary(path)
+    text = narrow(print_run, summary, run.manifest)
+    assert_fits(text)
+    assert "ranks 4" in text and "mode sparse" in text
+    ranks = rows_by_key(text, keys=1)
+    for r in summary["ranks"]:
+        assert_row(ranks, (str(r["rank"]),), r["status"], format_bytes(r["peak_rss_bytes"]),
+                   format_bytes(r["allgather_bytes_per_step"]), format_bytes(r["allreduce_bytes_per_step"]))
+    for c in summary["collectives"]:
+        assert f"{c['rows_in']}>{c['rows_out']}" in text and format_bytes(c["bytes_out_per_rank"]) in text
+    assert f"{ROWS}>{4 * ROWS}" in text
+    assert_shortened_from_the_left(text, SOURCE_VALUES)
+
+
+def test_run_report_of_auto_wraps_the_policy_reasons_within_80_columns(comparison):
+    path = comparison[(1200, "auto")]
+    summary = load_summary(Path(path))
+    summary["ranks"] = summary["ranks"][:4]  # the rank table is one row per rank: four are enough here
+    text = narrow(print_run, summary, load_run(path).manifest)
+    assert_fits(text)
+    assert "ranks 1200" in text and "densified" in text and "dense allreduce" in text
+    reasons = column_text(text, 2)
+    for p in summary["policy"]:
+        assert p["reason"] in reasons
+
+
+def test_compare_report_at_80_columns_keeps_every_figure(comparison):
+    result = compare_analysis.build("transformer", "base", comparison)
+    result.update(modes=list(MODES), rank_counts=list(RANKS), steps=2)
+    text = narrow(print_compare, result)
+    assert_fits(text)
+    rows = rows_by_key(text)
+    for row in result["rows"]:
+        assert_row(rows, (str(row["world_size"]), row["mode"]), format_bytes(row["peak_rss_bytes_max"]),
+                   format_bytes(row["collective_bytes_per_rank"]), format_bytes(row["allgather_bytes_per_rank"]),
+                   row["status"])
+    assert_row(rows, ("1200", "sparse"), "45.8 GiB")  # 2 tables x 1200 x 5000 x (4096 + 4) bytes
+    growth = rows_by_key(text, keys=1)
+    for mode, slope in result["collective_growth_bytes_per_rank"].items():
+        assert_row(growth, (mode,), ("+" if slope >= 0 else "") + format_bytes(slope))
+
+
+def prediction_summaries(comparison, split_peaks: bool) -> list[dict]:
+    """The comparison's summaries at N <= 2; with ``split_peaks``, the fields a newer summary carries."""
+    summaries = []
+    for (n, mode), path in sorted(comparison.items()):
+        if n > 2:
+            continue
+        summary = load_summary(Path(path))
+        if split_peaks:
+            gathered = n * 2 * ROWS * (2 * 4096 + 4) if mode == "sparse" and n > 1 else 0
+            summary.update(compute_peak_rss_bytes_max=1.9 * GIB, collective_peak_rss_bytes_max=1.2 * GIB + gathered,
+                           steady_peak_rss_bytes_max=max(1.9 * GIB, 1.2 * GIB + gathered))
+        summaries.append(summary)
+    return summaries
+
+
+@pytest.mark.parametrize("split_peaks", [False, True])
+def test_predict_report_at_80_columns_keeps_every_rank_count_mode_and_figure(comparison, split_peaks):
+    summaries = prediction_summaries(comparison, split_peaks)
+    table = prediction_table(build_model(summaries), [16, 64, 300, 1200], list(MODES), budget=4 * GIB)
+    table["measured"] = [{"world_size": 1200, "mode": "dense", "peak_rss_bytes": 1.95 * GIB,
+                          "collective_bytes_per_rank": 0}]
+    text = narrow(print_prediction, table)
+    assert_fits(text)
+    rows = rows_by_key(text)
+    for row in table["rows"]:
+        peak = format_bytes(row["peak_rss_bytes"]) + (" OOM" if row["over_budget"] else "")
+        assert_row(rows, (str(row["world_size"]), row["mode"]), format_bytes(row["collective_bytes_per_rank"]),
+                   format_bytes(row["gathered_bytes_per_rank"]), peak, row["regime"] or "-")
+    assert_row(rows, ("1200", "sparse"), "45.8 GiB")
+    assert_row(rows, ("1200", "dense"), "1.95 GiB")  # the measured run beside the prediction
+    flat = " ".join(text.split())
+    assert f"k = {table['cost_per_gathered_byte']:.2f} bytes per gathered byte: with op=Average" in flat
+    if split_peaks:
+        n = table["regime_change_ranks"]["sparse"]
+        assert f"sparse: compute sets the peak (1.9 GiB) up to N={n - 1}; from N={n} the gathered buffers do" in flat
+        assert "dense: compute sets the peak (1.9 GiB) at every N up to 2^20" in flat
+        assert [r["regime"] for r in table["rows"] if r["mode"] == "sparse"][-1] == "collectives"
+
+
+def test_scale_report_at_80_columns_keeps_every_figure(comparison):
+    request = ProjectionRequest([64, 300, 1200], Network(5e-6, 10e9, "default"))
+    result = analyze_dir(comparison[(2, "sparse")], request)
+    text = narrow(print_scale, result)
+    assert_fits(text)
+    rows = rows_by_key(text, keys=1)
+    for row in result["rows"]:
+        assert_row(rows, (str(row["world_size"]),), row["status"], format_bytes(row["peak_rss_bytes_max"]),
+                   format_bytes(row["collective_bytes_per_rank"]), format_bytes(row["allgather_bytes_per_rank"]))
+    for row in result["projection"]["rows"]:
+        gathered = format_bytes(row["gathered_bytes_per_rank"]) + (" >MPI int" if row["exceeds_mpi_count"] else "")
+        assert_row(rows, (str(row["world_size"]),), gathered,
+                   *(f"{row[k] * 100:.0f}%" for k in ("weak_sparse_efficiency", "weak_dense_efficiency",
+                                                     "strong_sparse_efficiency", "strong_dense_efficiency")))
+    assert_row(rows, ("1200",), "45.8 GiB >MPI int")
+
+
+def test_attribution_of_eight_ranks_at_80_columns_keeps_every_rank_and_figure():
+    ranks = [attribute_records(sample_records(), rank=r, file=f"rank-{r}.memray.bin") for r in range(8)]
+    entry = {"dir": "/runs/x", **Attribution(ranks, []).as_dict()}
+    console = Console(width=WIDTH, file=io.StringIO(), force_terminal=True, color_system=None)
+    console.print(attribution_section(entry))
+    text = console.file.getvalue()
+    assert_fits(text)
+    for r in entry["ranks"]:
+        assert f"rank {r['rank']}" in text and format_bytes(r["peak_bytes"]) in text
+        for g in r["groups"]:
+            assert f"{format_bytes(g['bytes'])} {g['share'] * 100:.0f}%" in text
+
+
+def test_doctor_at_80_columns_keeps_check_names_and_statuses_whole():
+    checks = [
+        Check("tensorflow", "ok", "2.15.1"),
+        Check("horovod", "fail", "horovod.tensorflow not importable (No module named 'horovod.tensorflow.mpi_lib')",
+              "run `make setup` (builds Horovod 0.28.1 against TensorFlow 2.15.1 with "
+              "HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1)"),
+        Check("memory", "warn", "24.0 GiB total; 8 ranks of the small preset need about 1.90 GiB each",
+              "use --mem-limit or fewer ranks"),
+        Check("cores", "warn", "8 ranks on 2 cores", "step times are not a scaling measurement; use --hosts"),
+    ]
+    text = narrow(print_checks, checks)
+    assert_fits(text)
+    rows = rows_by_key(text, keys=1)
+    for c in checks:
+        assert_row(rows, (c.name,), c.status)
+    findings = column_text(text, 2)
+    for c in checks:
+        assert c.finding in findings and f"fix: {c.fix}" * bool(c.fix) in findings  # wrapped at spaces
