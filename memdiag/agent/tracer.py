@@ -1,6 +1,12 @@
 """Step bookkeeping and collective records for one rank.
 
 Built-in workloads mark steps explicitly (:meth:`Tracer.begin_step` / :meth:`Tracer.end_step`).
+Each step's peak is split by phase: the collective window runs from the first gradient reduction to
+start until the last one completes (a built-in workload's window runs on to the step's end, through the
+optimizer's apply that consumes the reduced gradients); the rest of the step is compute. The bytes of
+collective outputs received in a step (with Horovod's averaged copy of gathered values) are summed: all
+of them are alive until the step's update has consumed them.
+
 A user's script is not changed, so its steps are found from the collectives themselves: the first
 gradient reduction to start is the anchor, and each time it starts again a new step begins. What comes
 before the first anchor (initial broadcasts, model building) is the set-up step, -1.
@@ -41,6 +47,8 @@ class Tracer:
         self._pending: dict[tuple, dict[str, Any]] = {}  # collectives started, not yet completed
         self._received: list[dict[str, Any]] = []  # collectives completed in the current step
         self._reported_waits: set[tuple] = set()
+        self._window: list[float | None] = [None, None]  # the step's collective window (start, end)
+        self._live_bytes = 0
         self.on_step_end: list[Callable[[int], dict[str, Any] | None]] = []
 
     # -- steps -------------------------------------------------------------------------------
@@ -50,6 +58,8 @@ class Tracer:
             self._step_start = time.time()
             self._hwm_at_start = read_hwm()
             self._received = []
+            self._window = [None, None]
+            self._live_bytes = 0
 
     def end_step(self, step: int | None = None, **extra: Any) -> None:
         """Write the step's memory record and everything buffered during it, then flush."""
@@ -61,6 +71,9 @@ class Tracer:
             # A high-water mark that rose during the step was reached during it: the exact peak,
             # which catches allocations shorter than the sampling interval.
             peak = max(sampled, hwm) if hwm > self._hwm_at_start else sampled
+            start, end = self._window
+            if start is not None and not self.auto_steps:
+                end = now
             record: dict[str, Any] = {
                 "type": "step",
                 "step": step,
@@ -70,6 +83,8 @@ class Tracer:
                 "peak_rss_bytes": peak,
                 "sampled_peak_rss_bytes": sampled,
                 "hwm_bytes": hwm,
+                **phase_peaks(times, rss, start, end, peak),
+                "collective_live_peak_bytes": self._live_bytes,
             }
             for hook in self.on_step_end:
                 record.update(hook(step) or {})
@@ -110,6 +125,9 @@ class Tracer:
                 "process_set_size": meta.get("process_set_size"),
             }
             self.writer.add(record)
+            if meta.get("gradient"):
+                self._window[1] = record["t"]
+            self._live_bytes += record["bytes_out"] * live_copies(meta)
             key = (meta["op"], meta["name"], meta.get("part"))
             self._pending.pop(key, None)
             self._reported_waits.discard(key)
@@ -119,6 +137,8 @@ class Tracer:
         with self._lock:
             if self.auto_steps:
                 self._advance_auto_step(meta)
+            if meta.get("gradient") and self._window[0] is None:
+                self._window[0] = time.time()
             key = (meta["op"], meta["name"], meta.get("part"))
             self._pending[key] = {"op": meta["op"], "name": meta["name"], "part": meta.get("part"),
                                   "bytes_out": expected_bytes_out, "since": time.time()}
@@ -157,6 +177,31 @@ class Tracer:
             return
         self.end_step()
         self.begin_step(self.step + 1)
+
+
+def live_copies(meta: dict[str, Any]) -> int:
+    """How many buffers of a collective's output size stay alive: Horovod averages gathered values
+    into a second tensor (values / N); everything else is held once."""
+    averaged = meta.get("reduce_op") in (None, "average")
+    return 2 if meta["op"] == "allgather" and meta.get("part") == "values" and averaged else 1
+
+
+def phase_peaks(times: list[float], rss: list[int], start: float | None, end: float | None,
+                peak: int) -> dict[str, Any]:
+    """The step's peak inside and outside its collective window, and which phase set the peak.
+
+    A peak between samples (VmHWM above every sample) is given to the phase whose samples came closer.
+    """
+    inside = [r for t, r in zip(times, rss) if start is not None and t >= start and (end is None or t <= end)]
+    outside = [r for t, r in zip(times, rss) if start is None or t < start or (end is not None and t > end)]
+    compute, collective = max(outside, default=0), max(inside, default=0)
+    phase = "collectives" if collective > compute else "compute"
+    if phase == "collectives":
+        collective = max(collective, peak)
+    else:
+        compute = max(compute, peak)
+    return {"compute_peak_rss_bytes": compute, "collective_peak_rss_bytes": collective or None,
+            "peak_phase": phase}
 
 
 def _finite(value: Any) -> Any:

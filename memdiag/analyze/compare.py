@@ -7,6 +7,7 @@ import os
 from collections import defaultdict
 from typing import Any
 
+from memdiag import formula
 from memdiag.analyze import verify
 from memdiag.analyze.scaling import linear_fit
 
@@ -23,7 +24,14 @@ def table_row(summary: dict[str, Any], run_dir: str) -> dict[str, Any]:
         "world_size": summary["world_size"],
         "mode": summary["mode"],
         "status": summary["status"],
-        "peak_rss_bytes_max": summary["peak_rss_bytes_max"],
+        # Steady-state figures where the run has them (docs/measurement.md); the first step's apart.
+        "peak_rss_bytes_max": summary.get("steady_peak_rss_bytes_max") or summary["peak_rss_bytes_max"],
+        "first_step_peak_rss_bytes": summary.get("first_step_peak_rss_bytes_max"),
+        "steady": summary.get("steady"),
+        "peak_phase": summary.get("peak_phase"),
+        "compute_peak_rss_bytes": summary.get("compute_peak_rss_bytes_max"),
+        "collective_peak_rss_bytes": summary.get("collective_peak_rss_bytes_max"),
+        "collective_live_peak_bytes": summary.get("collective_live_peak_bytes_max"),
         "collective_bytes_per_rank": max((r["collective_bytes_per_step"] for r in ranks), default=0),
         "allgather_bytes_per_rank": max((r["allgather_bytes_per_step"] for r in ranks), default=0),
         "allreduce_bytes_per_rank": max((r["allreduce_bytes_per_step"] for r in ranks), default=0),
@@ -48,16 +56,20 @@ def growth(rows: list[dict[str, Any]], key: str, min_world_size: int = 1) -> dic
 
 
 def predicted_growth(summaries: dict[tuple[int, str], dict[str, Any]]) -> int | None:
-    """Bytes each added rank adds to every rank's allgather output: the formula's N coefficient.
+    """Bytes each added rank adds to every rank's allgather output: the formula's N coefficient,
+    sum over IndexedSlices gradients of rows_per_rank x (row_bytes + index_bytes).
 
-    It is the sum over gathered tensors of one rank's contribution, rows_per_rank x (row + index
-    bytes), which is exactly each allgather's per-rank input size.
+    The sizes come from the policy records, which read the gradients' static shapes when the graph is
+    built, before any collective runs: an independent prediction, not the measured bytes restated.
     """
     sparse = [(n, s) for (n, mode), s in summaries.items() if mode == "sparse" and n > 1]
     if not sparse:
         return None
     _, summary = max(sparse, key=lambda item: item[0])
-    return sum(c["bytes_in_per_rank"] for c in summary["collectives"] if c["op"] == "allgather")
+    shapes = [p for p in summary.get("policy", []) if p.get("rows_per_rank") is not None]
+    if not shapes:
+        return None
+    return sum(formula.gathered_bytes(1, p["rows_per_rank"], p["row_bytes"], p["index_bytes"]) for p in shapes)
 
 
 def growth_tensors(summaries: dict[tuple[int, str], dict[str, Any]]) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ from typing import Any
 
 from memdiag.analyze.attribution import summary_entry as attribution_entry
 from memdiag.analyze.failure import diagnose
+from memdiag.analyze.steady import steady_figures
 from memdiag.collect import RankRecords, Run
 
 SETUP_STEP = -1
@@ -56,6 +57,7 @@ def rank_summary(records: RankRecords) -> dict[str, Any]:
         "allreduce_bytes_per_step": per_op.get("allreduce", 0) // n,
         "collective_bytes_per_step": sum(per_op.values()) // n,
         "step_time_s": typical_step_time(steps),
+        **steady_figures(sorted(steps, key=lambda s: s["step"])),
         "error": end.get("error"),
         "killed": records.killed,
     }
@@ -137,7 +139,18 @@ def summarize(run: Run) -> dict[str, Any]:
     for records in run.ranks.values():
         for p in records.policies:
             policy.setdefault(p["name"], {k: v for k, v in p.items() if k not in ("type", "rank", "t", "step")})
+    collectives = collective_summary(run)
+    for name, entry in policy.items():
+        # The reduce op decides what a gathered byte costs (Average holds the values twice, Sum once).
+        entry["reduce_op"] = next((c["reduce_op"] for c in collectives if c["name"] == name and c["reduce_op"]),
+                                  "average")
     peaks = [r["peak_rss_bytes"] for r in ranks if r["peak_rss_bytes"]]
+    steady = [r for r in ranks if r.get("steady_peak_rss_bytes")]
+    top = max(steady, key=lambda r: r["steady_peak_rss_bytes"], default=None)
+
+    def largest(key: str) -> int | None:
+        values = [r[key] for r in ranks if r.get(key) is not None]
+        return max(values) if values else None
     checks = [c for records in run.ranks.values() for c in records.reduction_checks]
     choices: list[dict[str, Any]] = []
     for records in run.ranks.values():
@@ -159,9 +172,17 @@ def summarize(run: Run) -> dict[str, Any]:
         "status": m.get("status"),
         "oversubscribed": m.get("oversubscribed"),
         "peak_rss_bytes_max": max(peaks) if peaks else None,
+        # Steady state (docs/measurement.md): what comparisons and predictions use.
+        "steady_peak_rss_bytes_max": largest("steady_peak_rss_bytes"),
+        "steady": None if not steady else all(r["steady"] for r in steady),
+        "first_step_peak_rss_bytes_max": largest("first_step_peak_rss_bytes"),
+        "compute_peak_rss_bytes_max": largest("compute_peak_rss_bytes"),
+        "collective_peak_rss_bytes_max": largest("collective_peak_rss_bytes"),
+        "collective_live_peak_bytes_max": largest("collective_live_peak_bytes"),
+        "peak_phase": None if top is None else top["peak_phase"],
         "throughput_items_per_s": throughput,
         "ranks": ranks,
-        "collectives": collective_summary(run),
+        "collectives": collectives,
         "policy": sorted(policy.values(), key=lambda p: p["name"]),
         # What the script asked Horovod for (DistributedGradientTape / DistributedOptimizer arguments).
         "script_choices": choices,
