@@ -78,6 +78,7 @@ class CollectiveHooks:
         self._originals: list[tuple[Any, str, Any]] = []
         self._choices_seen: set[str] = set()
         self._initial_recorded = False
+        self.on_init: Callable[[], None] | None = None  # called once, when the script calls hvd.init()
         self._ops: dict[int, str] = {}
 
     # -- installation -------------------------------------------------------------------------
@@ -92,7 +93,8 @@ class CollectiveHooks:
             "gradient": {"_make_allreduce_grads_fn": self._wrap_make_allreduce_grads_fn,
                          "allreduce": self._wrap_allreduce,
                          "grouped_allreduce": self._wrap_grouped_allreduce},
-            "op": {"_allreduce": self._wrap_op("allreduce"),
+            "op": {"init": self._wrap_init,
+                   "_allreduce": self._wrap_op("allreduce"),
                    "_grouped_allreduce": self._wrap_grouped_op("allreduce"),
                    "allgather": self._wrap_op("allgather"),
                    "grouped_allgather": self._wrap_grouped_op("allgather"),
@@ -131,6 +133,16 @@ class CollectiveHooks:
         for module, attr, original in reversed(self._originals):
             setattr(module, attr, original)
         self._originals.clear()
+
+    def _wrap_init(self, original: Callable) -> Callable:
+        def init(*args, **kwargs):
+            result = original(*args, **kwargs)
+            callback, self.on_init = self.on_init, None
+            if callback is not None:
+                callback()
+            return result
+
+        return init
 
     # -- the script's choices -----------------------------------------------------------------------
     def _wrap_constructor(self, api: str) -> Callable[[Callable], Callable]:

@@ -15,7 +15,6 @@ import json
 import os
 import platform
 import runpy
-import shutil
 import signal
 import socket
 import sys
@@ -24,6 +23,7 @@ import time
 import traceback
 from typing import Any, Callable
 
+from memdiag.agent import delivery as _delivery
 from memdiag.agent.records import RecordWriter
 from memdiag.agent.sampler import MemorySampler, read_hwm
 from memdiag.agent.tracer import Tracer
@@ -60,16 +60,19 @@ def main(argv: list[str] | None = None) -> int:
     sampler = MemorySampler(config.get("sample_interval_s", 0.005))
     sampler.start()
     status, error, exit_code = "ok", None, 0
+    delivery: _delivery.Delivery | None = None
     tracker = _start_memray(config, spool, rank)
     sampler.on_tick = writer.flush
     try:
+        delivery = _delivery.start(config, rank, spool)
         _limit_threads(config)
         hvd = _import_horovod()
 
         tracer = Tracer(writer, sampler, rank, auto_steps=config["script"] is not None)
         sampler.on_tick = lambda: (tracer.report_long_wait(), writer.flush())
         if config.get("mem_limit_bytes"):
-            sampler.on_sample = _memory_watchdog(config["mem_limit_bytes"], tracer, writer)
+            sampler.on_sample = _memory_watchdog(config["mem_limit_bytes"], tracer, writer,
+                                                 before_kill=delivery.before_kill if delivery else None)
         from memdiag.agent.hooks import CollectiveHooks
 
         hooks = CollectiveHooks(
@@ -81,11 +84,19 @@ def main(argv: list[str] | None = None) -> int:
             fault=config.get("fault"),
             check_reduction=config.get("check_reduction", False),
         )
+
+        def started() -> None:
+            if hvd.rank() != rank:
+                raise RuntimeError(f"Horovod rank {hvd.rank()} differs from MPI rank {rank}")
+            writer.write_now(_start_record(config, hvd))
+
         hooks.install()
-        hvd.init()
-        if hvd.rank() != rank:
-            raise RuntimeError(f"Horovod rank {hvd.rank()} differs from MPI rank {rank}")
-        writer.write_now(_start_record(config, hvd))
+        if config["script"] is None:
+            hvd.init()
+            started()
+        else:
+            # The script initialises Horovod itself, with its own arguments (process sets, ...).
+            hooks.on_init = started
         _run_workload(config, tracer, hvd, spool)
         tracer.finish()
         if config["script"] is not None:
@@ -105,8 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     sampler.stop()
     writer.write_now({"type": "end", "status": status, "error": error, "hwm_bytes": read_hwm()})
     writer.close()
-    if status == "ok":
-        _deliver(config, rank, spool)
+    _deliver(delivery, status)
     return exit_code
 
 
@@ -126,9 +136,13 @@ def _import_horovod() -> Any:
     return hvd
 
 
-def _memory_watchdog(limit: int, tracer: Tracer, writer: RecordWriter) -> Callable[[int], None]:
+def _memory_watchdog(limit: int, tracer: Tracer, writer: RecordWriter,
+                     before_kill: Callable[[], None] | None = None) -> Callable[[int], None]:
     """Kill this rank the moment its RSS passes ``limit``, as a batch system's memory enforcement
-    does, after writing what it was doing: the step and the collective in flight."""
+    does, after writing what it was doing: the step and the collective in flight.
+
+    ``before_kill`` hands the records on first when they are spooled on the node (``--spool local``):
+    once this rank is dead, mpirun ends every rank, and nothing else would carry them off the node."""
 
     def check(rss: int) -> None:
         if rss <= limit:
@@ -136,6 +150,8 @@ def _memory_watchdog(limit: int, tracer: Tracer, writer: RecordWriter) -> Callab
         writer.write_now({"type": "killed", "reason": "mem-limit", "step": tracer.step, "rss_bytes": rss,
                           "limit_bytes": limit, "hwm_bytes": read_hwm(), "in_flight": tracer.in_flight(),
                           "received_this_step": tracer.largest_received()})
+        if before_kill is not None:
+            before_kill()
         os.kill(os.getpid(), signal.SIGKILL)
 
     return check
@@ -236,26 +252,25 @@ def _run_workload(config: dict[str, Any], tracer: Tracer, hvd: Any, spool: str) 
 
 
 def _spool_dir(config: dict[str, Any], rank: int) -> str:
-    """Where this rank writes: the run directory, or a node-local folder when it is not shared."""
+    """Where this rank writes: the run directory, or a node-local folder when it is not shared.
+
+    The node-local folder lies in OpenMPI's session directory of this job on this node
+    (OMPI_FILE_LOCATION, under TMPDIR or /tmp), which the node's daemon removes when the job ends,
+    however the rank ended: a rank killed by its memory limit, or torn down by mpirun after another
+    rank died, cannot clean up after itself. Under another MPI, the temporary directory.
+    """
     if config.get("spool") == "local":
-        path = os.path.join(tempfile.gettempdir(), f"memdiag-{config['run_id']}-rank{rank}")
+        session = os.environ.get("OMPI_FILE_LOCATION", "")
+        base = session if os.path.isdir(session) else tempfile.gettempdir()
+        path = os.path.join(base, f"memdiag-{config['run_id']}-rank{rank}")
         os.makedirs(path, exist_ok=True)
         return path
     return config["run_dir"]
 
 
-def _deliver(config: dict[str, Any], rank: int, spool: str) -> None:
-    """Without a shared file system every rank sends its files to rank 0, which writes them."""
-    if config.get("spool") != "local":
-        return
-    from mpi4py import MPI
-
-    files = {name: open(os.path.join(spool, name), "rb").read() for name in sorted(os.listdir(spool))}
-    gathered = MPI.COMM_WORLD.gather(files, root=0)
-    if rank == 0:
-        os.makedirs(config["run_dir"], exist_ok=True)
-        for per_rank in gathered:
-            for name, data in per_rank.items():
-                with open(os.path.join(config["run_dir"], name), "wb") as f:
-                    f.write(data)
-    shutil.rmtree(spool, ignore_errors=True)
+def _deliver(delivery: _delivery.Delivery | None, status: str) -> None:
+    """Without a shared file system, hand this rank's files on to rank 0 (records were streamed all
+    along; see memdiag.agent.delivery), whatever the rank's status: a failed rank's records are the
+    ones most needed."""
+    if delivery is not None:
+        delivery.finish(status)

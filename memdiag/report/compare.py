@@ -93,8 +93,10 @@ def verdict(result: dict[str, Any]) -> Text:
         identical = c.get("ranks_identical_every_step")
         text.append("parameters identical on all ranks every step\n" if identical else
                     ("parameters DIFFER between ranks\n" if identical is False else "\n"))
+        for note in c.get("notes", []):
+            text.append(f"  {note}\n", style="yellow")
         for check in c["checks"]:
-            if not check["passed"]:
+            if check["passed"] is False:
                 text.append(f"  N={check['world_size']} {check['mode']} vs {check['against']}: "
                             f"max |diff| {_num(check['max_abs_diff'])}, loss rel diff "
                             f"{_num(check['loss_max_rel_diff'])} {check.get('note', '')}\n", style="red")

@@ -1,0 +1,166 @@
+"""Users' scripts measured as written: the collectives plain Horovod issues, the script's output unchanged,
+its choices recorded; auto agreed across ranks; compare on a script gives a correctness result."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memdiag.analyze.timeline import record_collectives, timeline_collectives, unshaped_ops
+from memdiag.report.trace import read_timeline
+from tests.conftest import ROOT, memdiag, read_json, read_records
+
+pytestmark = pytest.mark.mpi
+
+# Each an ordinary Horovod script (examples/README.md), with the arguments of a short run.
+SCRIPTS = {
+    "user_tape_eager.py": ["--steps", "3", "--tokens", "256"],
+    "user_tape_function.py": ["--steps", "3"],
+    "user_keras_fit.py": ["--batches", "3"],
+    "user_sparse_as_dense.py": ["--steps", "3"],
+    "user_sum_op.py": ["--steps", "3"],
+    "user_adasum.py": ["--steps", "3"],
+    "user_fp16_compression.py": ["--steps", "3"],
+    "user_groups.py": ["--steps", "3"],
+    "user_process_set.py": ["--steps", "3"],
+    "user_alltoall.py": ["--steps", "3"],
+    "user_sync_batchnorm.py": ["--steps", "3"],
+    "user_backward_passes.py": ["--steps", "4"],
+}
+OUTPUT_LINE = re.compile(r"^(step \d+ loss \S+|final \S+)$", re.M)
+
+
+def plain_mpirun(script: Path, args: list[str], timeline: Path, ranks: int = 2) -> subprocess.CompletedProcess:
+    """The script under plain mpirun, as its user runs it, with Horovod's own timeline."""
+    env = {**os.environ, "HOROVOD_TIMELINE": str(timeline), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none", "-x", "HOROVOD_TIMELINE",
+           "-x", "TF_CPP_MIN_LOG_LEVEL"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    return subprocess.run([*cmd, sys.executable, str(script), *args], capture_output=True, text=True,
+                          timeout=300, env=env, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_a_script_runs_under_memdiag_exactly_as_under_plain_mpirun(name, runs_root, tmp_path):
+    script, args = ROOT / "examples" / name, SCRIPTS[name]
+    # GIVEN the script's run under plain mpirun, with Horovod's timeline of what it issued
+    plain = plain_mpirun(script, args, tmp_path / "plain-timeline.json")
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    issued = timeline_collectives(read_timeline(str(tmp_path / "plain-timeline.json")).events)
+    assert issued
+    # WHEN memdiag runs it as written (no mode given)
+    out = runs_root / f"as-written-{script.stem}"
+    result = memdiag("run", str(script), "-n", "2", "--horovod-timeline", "--out", str(out), "--", *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # THEN Horovod issued the same collectives (op, dtype, output shape, count) under memdiag
+    under = timeline_collectives(read_timeline(str(out / "horovod-timeline.json")).events)
+    assert under == issued
+    # AND memdiag's own records of rank 0 name exactly those collectives
+    assert record_collectives(read_records(out / "rank-0.jsonl"), unshaped_ops(issued)) == issued
+    # AND the script printed the same losses and final parameters
+    log = (out / "mpirun.log").read_text()
+    assert OUTPUT_LINE.findall(log) == OUTPUT_LINE.findall(plain.stdout)
+    # AND the run says it changed nothing and records what the script asked Horovod for
+    summary = read_json(out / "summary.json")
+    assert summary["mode"] == "as-written" and summary["changes_to_job"] == []
+    assert any(c["api"] == "gradient reduction" for c in summary["script_choices"])
+    assert all(not p["overridden"] for p in summary["policy"])
+    assert summary["steps_recorded"] >= 2
+
+
+def test_the_scripts_choices_are_recorded_and_an_override_is_reported(runs_root):
+    script = ROOT / "examples" / "user_sparse_as_dense.py"
+    out = runs_root / "as-written-override"
+    result = memdiag("run", str(script), "-n", "2", "--mode", "sparse", "--out", str(out), "--", "--steps", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = read_json(out / "summary.json")
+    asked = next(c for c in summary["script_choices"] if c["api"] == "gradient reduction")
+    assert asked["sparse_as_dense"] is True and asked["op"] == "average"
+    [policy] = summary["policy"]
+    assert policy["decision"] == "sparse" and policy["overridden"] and policy["script_sparse_as_dense"]
+    assert any("--mode sparse" in change for change in summary["changes_to_job"])
+    assert "sparse_as_dense=True" in result.stdout
+    # the embedding gradient was allgathered although the script asked for a dense allreduce
+    assert any(c["op"] == "allgather" and c["sparse"] for c in summary["collectives"])
+
+
+def test_process_set_and_reduce_op_size_the_records(runs_root):
+    out = runs_root / "as-written-sum"
+    result = memdiag("run", str(ROOT / "examples" / "user_sum_op.py"), "-n", "2", "--out", str(out),
+                     "--", "--steps", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = read_json(out / "summary.json")
+    values = next(c for c in summary["collectives"] if c["op"] == "allgather" and c["part"] == "values")
+    assert values["reduce_op"] == "sum" and values["process_set_size"] == 2
+
+
+UNEVEN = '''
+import sys
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+hvd.init()
+tf.keras.utils.set_random_seed(3)
+table = tf.Variable(tf.random.normal([64, 8]))
+rows = 28 + hvd.rank()  # rank 0 alone would keep allgather (2016 B <= 2048 B), rank 1 alone densify
+ids = tf.constant(np.arange(rows) % 64, tf.int32)
+
+def step():
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.gather(table, ids) ** 2)
+    tape = hvd.DistributedGradientTape(tape)
+    [grad] = tape.gradient(loss, [table])
+    table.assign_sub(0.01 * tf.convert_to_tensor(grad))
+
+step = tf.function(step) if sys.argv[1] == "function" else step
+for _ in range(3):
+    step()
+'''
+
+
+@pytest.mark.parametrize("style", ["eager", "function"])
+def test_ranks_with_batches_straddling_the_crossover_take_the_same_path(style, runs_root, tmp_path):
+    script = tmp_path / "uneven.py"
+    script.write_text(UNEVEN)
+    out = runs_root / f"uneven-{style}"
+    result = memdiag("run", str(script), "-n", "2", "--mode", "auto", "--timeout", "120", "--out", str(out),
+                     "--", style)
+    # no stall: both ranks finished
+    assert result.returncode == 0, result.stdout + result.stderr
+    policies = [p for rank in (0, 1) for p in read_records(out / f"rank-{rank}.jsonl") if p["type"] == "policy"]
+    assert [p["local_rows"] for p in policies] == [28, 29]
+    # the same decision on both ranks, from the larger row count: 2 x 29 x (32 + 4) B > 64 x 8 x 4 B
+    assert [p["decision"] for p in policies] == ["dense", "dense"]
+    assert [p["rows_per_rank"] for p in policies] == [29, 29] and policies[0]["gathered_bytes"] == 2088
+    for rank in (0, 1):
+        ops = {r["op"] for r in read_records(out / f"rank-{rank}.jsonl") if r["type"] == "collective"}
+        assert ops == {"allreduce"}
+
+
+def test_compare_on_a_seeded_script_gives_a_correctness_result(runs_root):
+    out = runs_root / "compare-script"
+    result = memdiag("compare", "sparse-vs-dense", str(ROOT / "examples" / "user_tape_function.py"),
+                     "-n", "2", "--out", str(out), "--", "--steps", "3")
+    assert result.returncode == 0, result.stdout + result.stderr
+    correctness = read_json(out / "compare.json")["correctness"]
+    assert correctness["passed"] is True
+    compared = [c for c in correctness["checks"] if c["passed"] is not None]
+    assert compared and all(c["max_abs_diff"] is not None for c in compared)
+    assert correctness["reduction"]["passed"] is True
+
+
+def test_compare_on_a_script_with_a_wrong_reduction_fails(runs_root):
+    out = runs_root / "compare-script-fault"
+    result = memdiag("compare", "sparse-vs-dense", str(ROOT / "examples" / "user_tape_function.py"),
+                     "-n", "2", "--modes", "sparse,dense", "--inject-fault", "sum-densified",
+                     "--out", str(out), "--", "--steps", "3")
+    assert result.returncode == 1
+    correctness = read_json(out / "compare.json")["correctness"]
+    assert correctness["passed"] is False and correctness["reduction"]["passed"] is False
