@@ -1,9 +1,10 @@
 """Step bookkeeping and collective records for one rank.
 
 Built-in workloads mark steps explicitly (:meth:`Tracer.begin_step` / :meth:`Tracer.end_step`).
-Each step's peak is split by phase: the collective window runs from the first gradient reduction to
-start until the last one completes (a built-in workload's window runs on to the step's end, through the
-optimizer's apply that consumes the reduced gradients); the rest of the step is compute. The bytes of
+Each step is split by phase: the collective window runs from the first gradient reduction to start until
+the last one completes (a built-in workload's window runs on to the step's end, through the optimizer's
+apply that consumes the reduced gradients); the rest of the step is compute. The step record says how
+much RSS rose in each. The bytes of
 collective outputs received in a step (with Horovod's averaged copy of gathered values) are summed: all
 of them are alive until the step's update has consumed them.
 
@@ -83,7 +84,7 @@ class Tracer:
                 "peak_rss_bytes": peak,
                 "sampled_peak_rss_bytes": sampled,
                 "hwm_bytes": hwm,
-                **phase_peaks(times, rss, start, end, peak),
+                **phase_rises(times, rss, start, end),
                 "collective_live_peak_bytes": self._live_bytes,
             }
             for hook in self.on_step_end:
@@ -186,22 +187,22 @@ def live_copies(meta: dict[str, Any]) -> int:
     return 2 if meta["op"] == "allgather" and meta.get("part") == "values" and averaged else 1
 
 
-def phase_peaks(times: list[float], rss: list[int], start: float | None, end: float | None,
-                peak: int) -> dict[str, Any]:
-    """The step's peak inside and outside its collective window, and which phase set the peak.
+def phase_rises(times: list[float], rss: list[int], start: float | None, end: float | None) -> dict[str, Any]:
+    """How much RSS rose during the step's compute and during its collective window.
 
-    A peak between samples (VmHWM above every sample) is given to the phase whose samples came closer.
+    Allocators keep what they have been given (RSS hardly falls within a run), so a step's peak is
+    mostly what earlier steps left; what a phase adds is where the memory goes. A step's
+    ``peak_phase`` is the phase that raised RSS most, or ``held`` when neither raised it by 1 MiB.
     """
-    inside = [r for t, r in zip(times, rss) if start is not None and t >= start and (end is None or t <= end)]
-    outside = [r for t, r in zip(times, rss) if start is None or t < start or (end is not None and t > end)]
-    compute, collective = max(outside, default=0), max(inside, default=0)
-    phase = "collectives" if collective > compute else "compute"
-    if phase == "collectives":
-        collective = max(collective, peak)
-    else:
-        compute = max(compute, peak)
-    return {"compute_peak_rss_bytes": compute, "collective_peak_rss_bytes": collective or None,
-            "peak_phase": phase}
+    rises = {"compute": 0, "collectives": 0}
+    for i in range(1, len(rss)):
+        if rss[i] > rss[i - 1]:
+            t = times[i]
+            inside = start is not None and t >= start and (end is None or t <= end)
+            rises["collectives" if inside else "compute"] += rss[i] - rss[i - 1]
+    phase = max(rises, key=lambda k: rises[k]) if max(rises.values()) >= 2**20 else "held"
+    return {"window_start": start, "window_end": end, "compute_rise_bytes": rises["compute"],
+            "collective_rise_bytes": rises["collectives"], "peak_phase": phase}
 
 
 def _finite(value: Any) -> Any:

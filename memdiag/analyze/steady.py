@@ -5,6 +5,13 @@ the allocator keeps growing its arenas for a few steps. The rule: the steady sta
 of two consecutive training steps whose peaks differ by at most 1% (of the earlier one); its figures are
 the largest over that step and every later one. A run whose peaks never settle is reported as not
 steady, with figures from its last two steps, so a reader knows to run more steps.
+
+Which phase set the peak: allocators keep what they were given, so RSS hardly falls within a run and
+the steady peak is the level the run was pushed to. The compute peak is RSS when the first gradient
+reduction started (building, tracing, forward and backward needed that much with no collective); every
+rise after it is counted in the phase it happened in (inside a collective window, or in compute). The
+collectives set the peak when they pushed RSS more than 1% above the compute peak and raised it more
+than compute did afterwards.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 STEADY_TOLERANCE = 0.01
+REGIME_TOLERANCE = 0.01
 
 
 def steady_start(peaks: list[int | float]) -> tuple[int, bool]:
@@ -22,28 +30,60 @@ def steady_start(peaks: list[int | float]) -> tuple[int, bool]:
     return max(0, len(peaks) - 2), False
 
 
-def steady_figures(steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-rank figures over the steady steps (``steps``: training step records in order)."""
+def steady_figures(steps: list[dict[str, Any]], memory: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Per-rank figures over the steady steps (``steps``: training step records in order; ``memory``:
+    the rank's ``mem`` records, set-up included)."""
     steps = [s for s in steps if s.get("peak_rss_bytes")]
+    figures: dict[str, Any] = {
+        "steady": None, "steady_from_step": None, "first_step_peak_rss_bytes": None,
+        "steady_peak_rss_bytes": None, "compute_peak_rss_bytes": None, "collective_peak_rss_bytes": None,
+        "collective_rise_bytes": None, "compute_rise_bytes": None, "peak_phase": None,
+        "collective_live_peak_bytes": None}
     if not steps:
-        return {"steady": None, "steady_from_step": None, "first_step_peak_rss_bytes": None,
-                "steady_peak_rss_bytes": None, "compute_peak_rss_bytes": None,
-                "collective_peak_rss_bytes": None, "peak_phase": None, "collective_live_peak_bytes": None}
+        return figures
     start, settled = steady_start([s["peak_rss_bytes"] for s in steps])
     window = steps[start:]
-    top = max(window, key=lambda s: s["peak_rss_bytes"])
-
-    def largest(key: str) -> int | None:
-        values = [s[key] for s in window if s.get(key) is not None]
-        return max(values) if values else None
-
-    return {
+    steady_peak = max(s["peak_rss_bytes"] for s in window)
+    lives = [s["collective_live_peak_bytes"] for s in window if s.get("collective_live_peak_bytes") is not None]
+    figures.update({
         "steady": settled,
         "steady_from_step": window[0]["step"],
         "first_step_peak_rss_bytes": steps[0]["peak_rss_bytes"],
-        "steady_peak_rss_bytes": top["peak_rss_bytes"],
-        "compute_peak_rss_bytes": largest("compute_peak_rss_bytes"),
-        "collective_peak_rss_bytes": largest("collective_peak_rss_bytes"),
-        "peak_phase": top.get("peak_phase"),
-        "collective_live_peak_bytes": largest("collective_live_peak_bytes"),
-    }
+        "steady_peak_rss_bytes": steady_peak,
+        "collective_live_peak_bytes": max(lives) if lives else None,
+    })
+    figures.update(_phases(steps, window, memory or [], steady_peak))
+    return figures
+
+
+def _phases(steps: list[dict[str, Any]], window: list[dict[str, Any]], memory: list[dict[str, Any]],
+            steady_peak: int) -> dict[str, Any]:
+    windows = {s["step"]: (s["window_start"], s.get("window_end")) for s in steps if s.get("window_start")}
+    if not windows:  # no collective ran (one rank): compute set everything
+        return {"compute_peak_rss_bytes": steady_peak, "collective_peak_rss_bytes": None,
+                "collective_rise_bytes": 0, "compute_rise_bytes": 0, "peak_phase": "compute"}
+    first_start = min(start for start, _ in windows.values())
+    samples = sorted((t, r, m.get("step")) for m in memory for t, r in zip(m.get("times", []), m.get("rss", [])))
+    before = [r for t, r, _ in samples if t < first_start]
+    compute_peak = max(before) if before else steps[0]["peak_rss_bytes"]
+    rises = {"collectives": 0, "compute": 0}
+    steady_steps = {s["step"] for s in window}
+    inside_steady = []
+    previous = None
+    for t, r, step in samples:
+        if t < first_start:
+            previous = r
+            continue
+        start, end = windows.get(step, (None, None))
+        inside = start is not None and t >= start and (end is None or t <= end)
+        if previous is not None and r > previous:
+            rises["collectives" if inside else "compute"] += r - previous
+        if inside and step in steady_steps:
+            inside_steady.append(r)
+        previous = r
+    pushed = steady_peak > compute_peak * (1 + REGIME_TOLERANCE)
+    phase = "collectives" if pushed and rises["collectives"] >= rises["compute"] else "compute"
+    return {"compute_peak_rss_bytes": compute_peak,
+            "collective_peak_rss_bytes": max(inside_steady) if inside_steady else None,
+            "collective_rise_bytes": rises["collectives"], "compute_rise_bytes": rises["compute"],
+            "peak_phase": phase}

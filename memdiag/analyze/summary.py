@@ -57,7 +57,7 @@ def rank_summary(records: RankRecords) -> dict[str, Any]:
         "allreduce_bytes_per_step": per_op.get("allreduce", 0) // n,
         "collective_bytes_per_step": sum(per_op.values()) // n,
         "step_time_s": typical_step_time(steps),
-        **steady_figures(sorted(steps, key=lambda s: s["step"])),
+        **steady_figures(sorted(steps, key=lambda s: s["step"]), records.memory),
         "error": end.get("error"),
         "killed": records.killed,
     }

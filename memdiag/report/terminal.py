@@ -135,8 +135,67 @@ def footer(summary: dict[str, Any]) -> Text:
     return text
 
 
+def memory_text(summary: dict[str, Any]) -> Text:
+    """The steady-state peak in words, and which phase set it (docs/measurement.md)."""
+    text = Text()
+    ranks = [r for r in summary["ranks"] if r.get("steady_peak_rss_bytes")]
+    if not ranks:
+        return text
+    top = max(ranks, key=lambda r: r["steady_peak_rss_bytes"])
+    if top["steady"]:
+        text.append(f"peak RSS {format_bytes(top['steady_peak_rss_bytes'])} (rank {top['rank']}), steady from step "
+                    f"{top['steady_from_step']}; first step {format_bytes(top['first_step_peak_rss_bytes'])}. ")
+    else:
+        text.append(f"peak RSS {format_bytes(top['steady_peak_rss_bytes'])} (rank {top['rank']}) NOT steady: the "
+                    "per-step peak still rose by more than 1%; run more steps (--steps). ", style="yellow")
+    if top.get("collective_rise_bytes") is None or top["peak_phase"] is None:
+        return text
+    if top["collective_peak_rss_bytes"] is None and not top["collective_rise_bytes"]:
+        text.append("No gradient reduction ran: compute set the peak.\n")
+        return text
+    setter = "the collectives (gathered and reduced buffers)" if top["peak_phase"] == "collectives" \
+        else "compute (model, activations, graph)"
+    text.append(f"Set by {setter}: RSS was {format_bytes(top['compute_peak_rss_bytes'])} when the first gradient "
+                f"reduction started; collective windows then added {format_bytes(top['collective_rise_bytes'])} "
+                f"and compute {format_bytes(top['compute_rise_bytes'])}. Collective outputs alive at once: "
+                f"{format_bytes(top['collective_live_peak_bytes'])} per step.\n")
+    return text
+
+
+def script_text(summary: dict[str, Any]) -> Text:
+    """What a script asked Horovod for, and what this run changed (nothing, as written)."""
+    text = Text()
+    asked = [c for c in summary.get("script_choices", []) if c.get("api") == "gradient reduction"]
+    for c in asked:
+        group = c.get("process_set") or {}
+        parts = [f"sparse_as_dense={c.get('sparse_as_dense')}", f"op={c.get('op')}",
+                 f"compression={c.get('compression')}"]
+        if group.get("size") is not None:
+            parts.append(f"process set of {group['size']} rank(s)")
+        if c.get("groups"):
+            parts.append(f"groups={c['groups'] if isinstance(c['groups'], int) else len(c['groups'])}")
+        text.append("the script asked: " + ", ".join(parts) + "\n")
+    for c in summary.get("script_choices", []):
+        if c.get("backward_passes_per_step", 1) not in (None, 1):
+            text.append(f"the script asked: backward_passes_per_step={c['backward_passes_per_step']}\n")
+    changes = summary.get("changes_to_job") or []
+    if summary.get("script"):
+        if changes:
+            for change in changes:
+                text.append(f"changed by this run: {change}\n", style="yellow")
+        else:
+            text.append("measured as written: memdiag changed nothing in the job\n", style="green")
+    for p in summary.get("policy", []):
+        if p.get("overridden"):
+            text.append(f"the script asked for sparse_as_dense={p.get('script_sparse_as_dense')} for "
+                        f"{p['name']}; this run used {'dense' if p['decision'] == 'dense' else 'sparse'}\n",
+                        style="yellow")
+    return text
+
+
 def run_report(summary: dict[str, Any], manifest: dict[str, Any]) -> Group:
-    parts: list[Any] = [run_header(summary, manifest), rank_table(summary), tensor_table(summary)]
+    parts: list[Any] = [run_header(summary, manifest), script_text(summary), rank_table(summary),
+                        tensor_table(summary), memory_text(summary)]
     policy = policy_table(summary)
     if policy is not None:
         parts.append(policy)

@@ -93,8 +93,11 @@ def run(ctx: WorkloadContext) -> None:
     optimizer = tf.keras.optimizers.SGD(schedule, momentum=MOMENTUM)
     loss_fn = tf.keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=config.label_smoothing)
     images = Images(config, ctx.seed, ctx.rank)
+    optimizer.build(model.trainable_variables)  # slots made here, not in a second trace
 
-    @tf.function
+    # One trace, without autograph (the step has no data-dependent Python control flow): step 0
+    # traces the graph, and that was most of a short run's time.
+    @tf.function(autograph=False)
     def train_step(pixels, labels):
         with tf.GradientTape() as tape:
             logits = model(pixels, training=True)

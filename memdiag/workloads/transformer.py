@@ -173,8 +173,11 @@ def run(ctx: WorkloadContext, workload: str = "transformer") -> None:
     batches = Batches(config, ctx.seed, ctx.rank)
     source, target_in, _, side = batches(0)
     model((source, target_in, side))
+    optimizer.build(model.trainable_variables)  # slots made here, not in a second trace
 
-    @tf.function
+    # One trace, without autograph (the step has no data-dependent Python control flow): step 0
+    # traces the graph, and that was most of a short run's time.
+    @tf.function(autograph=False)
     def train_step(source, target_in, target_out, side):
         with tf.GradientTape() as tape:
             logits = model((source, target_in, side), training=True)

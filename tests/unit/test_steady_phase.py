@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memdiag.agent.tracer import live_copies, phase_peaks
+from memdiag.agent.tracer import live_copies, phase_rises
 from memdiag.analyze.steady import steady_figures, steady_start
 
 MiB = 2**20
@@ -16,29 +16,49 @@ def test_the_steady_state_begins_where_two_consecutive_peaks_agree_within_one_pe
     assert steady_start([500]) == (0, False)
 
 
-def test_steady_figures_leave_the_first_step_apart():
-    steps = [{"step": k, "peak_rss_bytes": p * MiB, "compute_peak_rss_bytes": c * MiB,
-              "collective_peak_rss_bytes": g * MiB, "peak_phase": ph, "collective_live_peak_bytes": 64 * MiB}
-             for k, (p, c, g, ph) in enumerate([(1400, 1400, 900, "compute"), (1000, 1000, 990, "compute"),
-                                                (1005, 900, 1005, "collectives"), (1004, 950, 1004, "collectives")])]
-    figures = steady_figures(steps)
-    assert figures["steady"] is True and figures["steady_from_step"] == 1
-    assert figures["first_step_peak_rss_bytes"] == 1400 * MiB
-    assert figures["steady_peak_rss_bytes"] == 1005 * MiB and figures["peak_phase"] == "collectives"
-    assert figures["compute_peak_rss_bytes"] == 1000 * MiB and figures["collective_peak_rss_bytes"] == 1005 * MiB
+def _step(k, peak, start=None, end=None):
+    return {"step": k, "peak_rss_bytes": peak * MiB, "window_start": start, "window_end": end,
+            "collective_live_peak_bytes": 64 * MiB}
 
 
-def test_a_peak_inside_the_collective_window_is_the_collectives():
+def _mem(step, pairs):
+    return {"step": step, "times": [t for t, _ in pairs], "rss": [r * MiB for _, r in pairs]}
+
+
+def test_gathered_buffers_that_push_rss_past_the_compute_peak_set_it():
+    # GIVEN a rank that needed 1000 MiB before its first gradient reduction (t=1.5), whose collective
+    # windows (1.5-2.0, 3.5-4.0) then pushed RSS to 1200 MiB, and whose compute added 5 MiB more
+    steps = [_step(0, 1200, 1.5, 2.0), _step(1, 1205, 3.5, 4.0), _step(2, 1206, 5.5, 6.0)]
+    memory = [_mem(-1, [(0.0, 500), (0.5, 900)]),
+              _mem(0, [(1.0, 1000), (1.6, 1100), (1.9, 1200), (2.5, 1200)]),
+              _mem(1, [(3.0, 1205), (3.6, 1205)]), _mem(2, [(5.0, 1206), (5.6, 1206)])]
+    figures = steady_figures(steps, memory)
+    # THEN the steady state starts at step 0 (1200 -> 1205 is within 1%), the first step is apart,
+    # and the collectives set the peak: +200 MiB in windows against +6 MiB in compute
+    assert figures["steady"] is True and figures["steady_from_step"] == 0
+    assert figures["first_step_peak_rss_bytes"] == 1200 * MiB and figures["steady_peak_rss_bytes"] == 1206 * MiB
+    assert figures["compute_peak_rss_bytes"] == 1000 * MiB
+    assert figures["collective_rise_bytes"] == 200 * MiB and figures["compute_rise_bytes"] == 6 * MiB
+    assert figures["peak_phase"] == "collectives"
+
+
+def test_gathered_buffers_that_fit_under_the_compute_peak_leave_it_to_compute():
+    # GIVEN 1200 MiB reached before any collective, and windows that reuse that memory (+5 MiB)
+    steps = [_step(0, 1205, 1.5, 2.0), _step(1, 1205, 3.5, 4.0)]
+    memory = [_mem(0, [(1.0, 1200), (1.6, 1205)]), _mem(1, [(3.0, 1205), (3.6, 1205)])]
+    figures = steady_figures(steps, memory)
+    assert figures["compute_peak_rss_bytes"] == 1200 * MiB and figures["peak_phase"] == "compute"
+    # one rank runs no collective: everything is compute
+    assert steady_figures([_step(0, 900), _step(1, 900)], [])["peak_phase"] == "compute"
+
+
+def test_a_steps_rises_are_counted_in_the_phase_they_happen_in():
     times = [0.0, 0.1, 0.2, 0.3, 0.4]
-    rss = [100, 300, 250, 400, 120]
-    # window from 0.25 to 0.35 holds the 400 sample
-    result = phase_peaks(times, rss, 0.25, 0.35, peak=400)
-    assert result == {"compute_peak_rss_bytes": 300, "collective_peak_rss_bytes": 400, "peak_phase": "collectives"}
-    # without a window (no collective in the step) everything is compute
-    assert phase_peaks(times, rss, None, None, peak=410)["compute_peak_rss_bytes"] == 410
-    # a high-water mark between samples goes to the phase whose samples came closer
-    assert phase_peaks(times, rss, 0.05, 0.15, peak=420) == {
-        "compute_peak_rss_bytes": 420, "collective_peak_rss_bytes": 300, "peak_phase": "compute"}
+    rss = [100 * MiB, 300 * MiB, 250 * MiB, 400 * MiB, 120 * MiB]
+    result = phase_rises(times, rss, 0.25, 0.35)
+    assert result["compute_rise_bytes"] == 200 * MiB and result["collective_rise_bytes"] == 150 * MiB
+    assert result["peak_phase"] == "compute"
+    assert phase_rises(times, [5] * 5, 0.25, 0.35)["peak_phase"] == "held"
 
 
 def test_averaged_gathered_values_are_held_twice_and_everything_else_once():
