@@ -36,6 +36,7 @@ class CompareRequest:
     horovod_timeline: bool = False
     mem_limit_bytes: int | None = None
     threads_per_rank: int | None = None
+    repeats: int = 1  # runs of each configuration, interleaved: the run-to-run spread is the noise
 
     def run_request(self, world_size: int, mode: str, out: str) -> RunRequest:
         return run_request_from(self, world_size=world_size, mode=mode, out=out)
@@ -51,21 +52,24 @@ def run_compare(request: CompareRequest, console: Console) -> dict[str, Any]:
         label = request.run_request(1, "sparse", "").label
         request.out = os.path.join("runs", f"compare-{label}-{stamp}")
     prepare_run_dir(request.out, request.force)
-    runs = [(n, mode) for n in request.rank_counts for mode in request.modes]
+    # Every configuration once, then again: a drift in the machine's load falls on all of them.
+    runs = [(r, n, mode) for r in range(request.repeats) for n in request.rank_counts for mode in request.modes]
     verify_n = min((n for n in request.rank_counts if n > 1), default=None)
-    run_dirs: dict[tuple[int, str], str] = {}
+    run_dirs: dict[tuple[int, str], list[str]] = {}
     verify_dir = None
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         overall = progress.add_task("comparison", total=len(runs))
-        for n, mode in runs:
+        for r, n, mode in runs:
             task = progress.add_task(f"  N={n} {mode}: steps", total=request.steps)
-            out = os.path.join(request.out, f"n{n}-{mode}")
-            run_dirs[(n, mode)] = execute(request.run_request(n, mode, out),
-                                          on_steps=lambda done, t=task: progress.update(t, completed=done))
+            out = os.path.join(request.out, f"n{n}-{mode}" + (f"-r{r + 1}" if r else ""))
+            run_dirs.setdefault((n, mode), []).append(
+                execute(request.run_request(n, mode, out),
+                        on_steps=lambda done, t=task: progress.update(t, completed=done)))
             progress.remove_task(task)
             progress.advance(overall)
-            console.print(f"  finished N={n} {mode}", highlight=False)
+            console.print(f"  finished N={n} {mode}" + (f" (repeat {r + 1})" if request.repeats > 1 else ""),
+                          highlight=False)
         if verify_n is not None:
             # A separate short run reduces every IndexedSlices gradient both ways and compares the
             # results; kept apart so that its extra collectives never touch the measured runs.
@@ -81,6 +85,7 @@ def run_compare(request: CompareRequest, console: Console) -> dict[str, Any]:
     result["rank_counts"] = request.rank_counts
     result["modes"] = request.modes
     result["steps"] = request.steps
+    result["repeats"] = request.repeats
     with open(os.path.join(request.out, "compare.json"), "w", encoding="utf-8") as f:
         json.dump(result, f, indent=2, default=str)
     return result

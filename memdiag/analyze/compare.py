@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from collections import defaultdict
 from typing import Any
 
 from memdiag import formula
+from memdiag._errors import UserError
 from memdiag.analyze import verify
 from memdiag.analyze.scaling import linear_fit
 
@@ -196,13 +198,18 @@ def headline(rows: list[dict[str, Any]]) -> str | None:
     return text
 
 
-def build(target: str, preset: str | None, run_dirs: dict[tuple[int, str], str],
+def build(target: str, preset: str | None, run_dirs: dict[tuple[int, str], str | list[str]],
           verify_dir: str | None = None) -> dict[str, Any]:
-    summaries = {key: load_summary(path) for key, path in run_dirs.items()}
+    """The comparison of every (rank count, mode): each key holds one run directory or, with
+    ``--repeats``, several; their peaks give the median and the run-to-run spread."""
+    repeats = {key: [paths] if isinstance(paths, str) else list(paths) for key, paths in run_dirs.items()}
+    firsts = {key: paths[0] for key, paths in repeats.items()}
+    every = {key: [load_summary(path) for path in paths] for key, paths in repeats.items()}
+    summaries = {key: runs[0] for key, runs in every.items()}
     verify_summary = load_summary(verify_dir) if verify_dir else None
-    rows = [table_row(summaries[key], run_dirs[key]) for key in sorted(summaries)]
+    rows = [with_repeats(table_row(summaries[key], firsts[key]), every[key]) for key in sorted(summaries)]
     fit_from = 2 if len({r["world_size"] for r in rows if r["world_size"] >= 2}) >= 2 else 1
-    return {
+    result = {
         "headline": headline(rows),
         "workload": target,
         "preset": preset,
@@ -214,7 +221,81 @@ def build(target: str, preset: str | None, run_dirs: dict[tuple[int, str], str],
         "growth_fitted_from_world_size": fit_from,
         "predicted_growth_bytes_per_rank": predicted_growth(summaries),
         "tensors": growth_tensors(summaries),
-        "correctness": correctness(run_dirs, summaries, verify_summary),
+        "correctness": correctness(firsts, summaries, verify_summary),
         "oversubscribed": any(s.get("oversubscribed") for s in summaries.values()),
         "all_ok": all(r["status"] == "ok" for r in rows),
+        "noise_bytes": noise(rows),
+    }
+    result["physics"] = physics(result, summaries)
+    return result
+
+
+def with_repeats(row: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A row's peak as the median over repeated runs, with their spread (max - min)."""
+    peaks = [r.get("steady_peak_rss_bytes_max") or r.get("peak_rss_bytes_max") for r in runs
+             if r.get("status") == "ok"]
+    peaks = [p for p in peaks if p]
+    row["repeats"] = len(runs)
+    if len(peaks) > 1:
+        row["peak_rss_bytes_max"] = statistics.median(peaks)
+        row["peak_spread_bytes"] = max(peaks) - min(peaks)
+    else:
+        row["peak_spread_bytes"] = None
+    return row
+
+
+def noise(rows: list[dict[str, Any]]) -> float | None:
+    """The run-to-run noise of a per-rank peak: the largest spread over the repeated configurations."""
+    spreads = [r["peak_spread_bytes"] for r in rows if r.get("peak_spread_bytes") is not None]
+    return max(spreads) if spreads else None
+
+
+def physics(result: dict[str, Any], summaries: dict[tuple[int, str], dict[str, Any]]) -> dict[str, Any]:
+    """The figures of the verdict: how sparse grows against k x the formula, how flat dense stays,
+    what auto chose and what it saved, which phase set each peak, and whether each difference is
+    larger than the noise."""
+    by_key = {(r["world_size"], r["mode"]): r for r in result["rows"] if r["status"] == "ok"}
+    counts = sorted({n for n, _ in by_key})
+    largest = max(counts, default=None)
+    multi = [n for n in counts if n >= 2]
+    predicted = result.get("predicted_growth_bytes_per_rank")
+    k = None
+    sparse = [s for (n, mode), s in summaries.items() if mode == "sparse" and n > 1]
+    if sparse:
+        from memdiag.analyze.model import build_model
+
+        try:
+            k = build_model([max(sparse, key=lambda s: s["world_size"])]).cost_per_gathered_byte
+        except UserError:
+            k = None
+    noise_bytes = result.get("noise_bytes")
+
+    def peak(n: int | None, mode: str) -> float | None:
+        row = by_key.get((n, mode)) if n is not None else None
+        return None if row is None else row["peak_rss_bytes_max"]
+
+    def beyond_noise(a: float | None, b: float | None) -> bool | None:
+        if a is None or b is None or noise_bytes is None:
+            return None
+        return abs(a - b) > noise_bytes
+
+    dense_low, dense_high = (peak(min(multi), "dense"), peak(max(multi), "dense")) if len(multi) >= 2 else (None, None)
+    best = min((p for p in (peak(largest, "sparse"), peak(largest, "dense")) if p is not None), default=None)
+    auto_peak = peak(largest, "auto")
+    densified = [t["name"] for t in result.get("tensors", []) if t.get("auto_decision") == "dense"]
+    return {
+        "largest_world_size": largest,
+        "cost_per_gathered_byte": k,
+        "sparse_growth_bytes_per_rank": result["growth_bytes_per_rank"].get("sparse"),
+        "predicted_rss_growth_bytes_per_rank": None if predicted is None or k is None else k * predicted,
+        "dense_change": None if not dense_low or dense_high is None else (dense_high - dense_low) / dense_low,
+        "dense_peak_bytes": dense_high if dense_high is not None else peak(largest, "dense"),
+        "auto_densified": densified,
+        "auto_vs_sparse": None if auto_peak is None or not peak(largest, "sparse")
+        else auto_peak / peak(largest, "sparse") - 1,
+        "auto_minus_best_bytes": None if auto_peak is None or best is None else auto_peak - best,
+        "auto_vs_best_beyond_noise": beyond_noise(auto_peak, best),
+        "phases": {mode: {str(n): summaries[(n, mode)].get("peak_phase") for n in counts if (n, mode) in summaries}
+                   for mode in sorted({m for _, m in summaries})},
+        "noise_bytes": noise_bytes,
     }

@@ -6,7 +6,7 @@ import argparse
 
 from rich.console import Console
 
-from memdiag.commands._args import add_launch_options
+from memdiag.commands._args import add_launch_options, positive_int
 
 
 class CompareCommand:
@@ -19,6 +19,8 @@ class CompareCommand:
                             help="comma-separated rank counts (default 1,2,4)")
         parser.add_argument("--modes", default="sparse,dense,auto", help="modes to run (default all three)")
         parser.add_argument("--out", help="directory for the comparison (default runs/compare-NAME-TIME)")
+        parser.add_argument("--repeats", type=positive_int("--repeats"), default=1,
+                            help="runs of each configuration, interleaved; their spread is the noise (default 1)")
         parser.add_argument("--inject-fault", choices=("sum-densified",), help=argparse.SUPPRESS)
         add_launch_options(parser, default_steps=3)
 
@@ -33,7 +35,7 @@ class CompareCommand:
             timeout_s=args.timeout, margin=args.margin, seed=args.seed, script_args=script_args,
             overrides=dict(args.overrides), spool=args.spool, fault=args.inject_fault,
             memray=args.memray, horovod_timeline=args.horovod_timeline, mem_limit_bytes=args.mem_limit,
-            threads_per_rank=args.threads_per_rank,
+            threads_per_rank=args.threads_per_rank, repeats=args.repeats,
         )
         result = run_compare(request, Console(stderr=True))
         print_compare(result, Console())

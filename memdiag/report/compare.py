@@ -18,18 +18,24 @@ from memdiag.units import format_bytes
 
 
 def compare_table(result: dict[str, Any]) -> FitTable:
-    table = FitTable([Column("N", key=True), Column("mode", justify="left", key=True), Column("peak RSS"),
-                      Column("coll/step"), Column("gathered"), Column("step", group=1), Column("items/s", group=1),
-                      Column("status", justify="left", group=1)],
-                     title="Per rank count and mode (max over ranks)")
+    repeated = any(r.get("peak_spread_bytes") is not None for r in result["rows"])
+    columns = [Column("N", key=True), Column("mode", justify="left", key=True), Column("peak RSS")]
+    if repeated:
+        columns.append(Column("spread"))
+    columns += [Column("set by", justify="left"), Column("coll/step"), Column("gathered"),
+                Column("step", group=1), Column("items/s", group=1), Column("status", justify="left", group=1)]
+    title = "Per rank count and mode (max over ranks, steady state" + (", median of repeats)" if repeated else ")")
+    table = FitTable(columns, title=title)
     for row in result["rows"]:
-        table.add_row(
-            str(row["world_size"]), row["mode"], format_bytes(row["peak_rss_bytes_max"]),
-            format_bytes(row["collective_bytes_per_rank"]), format_bytes(row["allgather_bytes_per_rank"]),
-            "-" if row["step_time_s"] is None else f"{row['step_time_s'] * 1000:.0f} ms",
-            "-" if not row["throughput_items_per_s"] else f"{row['throughput_items_per_s']:.0f}",
-            row["status"],
-        )
+        cells = [str(row["world_size"]), row["mode"], format_bytes(row["peak_rss_bytes_max"])]
+        if repeated:
+            cells.append("-" if row.get("peak_spread_bytes") is None else format_bytes(row["peak_spread_bytes"]))
+        cells += [row.get("peak_phase") or "-",
+                  format_bytes(row["collective_bytes_per_rank"]), format_bytes(row["allgather_bytes_per_rank"]),
+                  "-" if row["step_time_s"] is None else f"{row['step_time_s'] * 1000:.0f} ms",
+                  "-" if not row["throughput_items_per_s"] else f"{row['throughput_items_per_s']:.0f}",
+                  row["status"]]
+        table.add_row(*cells)
     return table
 
 
@@ -106,6 +112,50 @@ def verdict(result: dict[str, Any]) -> Text:
     return text
 
 
+def physics_verdict(result: dict[str, Any]) -> Text:
+    """The comparison in one sentence with its numbers, then which phase set each mode's peaks."""
+    p = result.get("physics")
+    text = Text()
+    if not p or p.get("largest_world_size") is None:
+        return text
+    parts = []
+    growth, predicted = p.get("sparse_growth_bytes_per_rank"), p.get("predicted_rss_growth_bytes_per_rank")
+    if growth is not None:
+        part = f"sparse allgather adds {_signed(growth)} per rank for each added rank"
+        if predicted:
+            part += (f" (k x formula: {_signed(predicted)}, k = {p['cost_per_gathered_byte']:.2f}; "
+                     f"measured/predicted {growth / predicted:.2f})")
+        parts.append(part)
+    if p.get("dense_peak_bytes") is not None:
+        part = f"dense stays at {format_bytes(p['dense_peak_bytes'])}"
+        if p.get("dense_change") is not None:
+            part += f" ({p['dense_change']:+.1%} over N >= 2)"
+        parts.append(part)
+    if p.get("auto_vs_sparse") is not None:
+        count = len(p.get("auto_densified") or [])
+        part = f"auto densified {count} tensor(s): {p['auto_vs_sparse']:+.0%} against sparse at N={p['largest_world_size']}"
+        if p.get("auto_minus_best_bytes") is not None:
+            if p.get("auto_vs_best_beyond_noise") is False:
+                part += ", level with the better mode within noise"
+            elif p["auto_minus_best_bytes"] <= 0:
+                part += ", at or below the better mode"
+            else:
+                part += f", {format_bytes(p['auto_minus_best_bytes'])} above the better mode"
+        parts.append(part)
+    if parts:
+        text.append("; ".join(parts) + ".", style="bold")
+        noise = p.get("noise_bytes")
+        text.append(f" Run-to-run noise: {format_bytes(noise)}.\n" if noise is not None
+                    else " Run-to-run noise not measured (--repeats 1).\n")
+    for mode, phases in (p.get("phases") or {}).items():
+        known = [(int(n), phase) for n, phase in phases.items() if phase and int(n) > 1]
+        if not known:
+            continue
+        words = ", ".join(f"N={n}: {phase}" for n, phase in sorted(known))
+        text.append(f"{mode}: peak set by {words}\n")
+    return text
+
+
 def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
@@ -118,6 +168,7 @@ def compare_report(result: dict[str, Any]) -> Group:
     parts: list[Any] = [header]
     if result.get("headline"):
         parts.append(Panel(Text(result["headline"], style="bold red"), title="headline", expand=False))
+    parts.append(physics_verdict(result))
     return Group(*parts, compare_table(result), growth_table(result),
                  Panel(peak_chart(result["rows"]), title="peak RSS per rank", expand=False), verdict(result))
 
