@@ -22,7 +22,7 @@ class CompareCommand:
         parser.add_argument("--repeats", type=positive_int("--repeats"), default=1,
                             help="runs of each configuration, interleaved; their spread is the noise (default 1)")
         parser.add_argument("--inject-fault", choices=("sum-densified",), help=argparse.SUPPRESS)
-        add_launch_options(parser, default_steps=3)
+        add_launch_options(parser, default_steps=5)
 
     def run(self, args: argparse.Namespace, script_args: list[str]) -> int:
         from memdiag.compare import CompareRequest, run_compare
