@@ -61,6 +61,25 @@ class DensifyPolicy:
                 self.on_decision(decision)
         return self.decisions[name]
 
+    def needs_run_time(self, grad: tf.IndexedSlices, var: Any, process_set: Any = None) -> bool:
+        """``auto`` inside a graph whose row count is only known when the step runs (a batch of
+        unknown size): the decision is then made at the first step, see the hooks."""
+        world = _set_size(process_set) if process_set is not None or self.world_size is None else self.world_size()
+        return (self.mode == "auto" and world > 1 and not tf.executing_eagerly() and self.fault is None
+                and sparse_shape(grad, var) is None and row_shape(grad, var) is not None)
+
+    def decide_rows(self, name: str, shape: SparseGradientShape, local_rows: int, agreed_rows: int,
+                    script_densifies: bool, world: int) -> Decision:
+        """The decision for a tensor whose rows were measured when the step ran (and agreed)."""
+        if name not in self.decisions:
+            decision = decide(self.mode, name, world, replace(shape, rows_per_rank=agreed_rows), self.margin,
+                              script_densifies, local_rows)
+            decision = replace(decision, reason=decision.reason + "; rows measured when the first step ran")
+            self.decisions[name] = decision
+            if self.on_decision is not None:
+                self.on_decision(decision)
+        return self.decisions[name]
+
     def densify(self, grad: tf.IndexedSlices) -> tf.Tensor:
         dense = tf.convert_to_tensor(grad)
         if self.fault == "sum-densified":
@@ -105,6 +124,16 @@ def agree_max_rows(rows: int, process_set: Any, name: str) -> int:
 def _set_size(process_set: Any) -> int:
     size = process_set.size
     return int(size() if callable(size) else size)
+
+
+def row_shape(grad: tf.IndexedSlices, var: Any) -> SparseGradientShape | None:
+    """The formula's sizes but the row count (0 here): what a graph knows of a batch of unknown size."""
+    values_shape = grad.values.shape
+    if not values_shape.rank or not values_shape[1:].is_fully_defined():
+        return None
+    probe = tf.IndexedSlices(tf.zeros([0, *values_shape[1:]], grad.values.dtype),
+                             tf.zeros([0], grad.indices.dtype), grad.dense_shape)
+    return sparse_shape(probe, var)
 
 
 def sparse_shape(grad: tf.IndexedSlices, var: Any) -> SparseGradientShape | None:

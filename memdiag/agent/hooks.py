@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import tensorflow as tf
 
-from memdiag.densify import DensifyPolicy
+from memdiag.densify import DensifyPolicy, row_shape
 from memdiag.policy import Decision
 
 # Frames under these folders are not a user's call site: installed packages, the standard library, memdiag.
@@ -78,6 +78,7 @@ class CollectiveHooks:
         self._originals: list[tuple[Any, str, Any]] = []
         self._choices_seen: set[str] = set()
         self._initial_recorded = False
+        self._run_time_flags: dict[str, Any] = {}  # auto's decisions made when the first step ran
         self.on_init: Callable[[], None] | None = None  # called once, when the script calls hvd.init()
         self._ops: dict[int, str] = {}
 
@@ -211,6 +212,7 @@ class CollectiveHooks:
             def allreduce_grads(grads, vars=None, use_generic_names=False):
                 grads = list(grads)
                 origins: dict[int, Origin] = {}
+                at_run_time: dict[int, tuple[tf.IndexedSlices, Any]] = {}
                 for i, grad in enumerate(grads):
                     if grad is None:
                         continue
@@ -221,6 +223,12 @@ class CollectiveHooks:
                     if isinstance(grad, tf.IndexedSlices):
                         if self.check_reduction:
                             self._compare_reductions(name, grad, op, compression, process_set)
+                        if reduce_op in ("average", "sum") and self.policy.needs_run_time(grad, var, process_set):
+                            # Reduced below, by the path the first step's agreed rows choose.
+                            at_run_time[i] = (grad, var)
+                            grads[i] = None
+                            origins[i] = replace(origin, sparse=True)
+                            continue
                         decision = self.policy.decide(name, grad, var, script_densifies, process_set)
                         if decision.densify:
                             grads[i] = self.policy.densify(grad)
@@ -233,11 +241,63 @@ class CollectiveHooks:
                                             "digest": self.variables_digest(), "variables": len(self.variables)})
                 order = reduction_order(grads, vars, groups)
                 with self._queued([origins[i] for i in order]):
-                    return inner(grads, vars, use_generic_names)
+                    reduced = inner(grads, vars, use_generic_names)
+                if not at_run_time:
+                    return reduced
+                reduced = list(reduced)
+                for i, (grad, var) in at_run_time.items():
+                    reduced[i] = self._reduce_at_run_time(origins[i], grad, var, script_densifies,
+                                                          {"op": op, "compression": compression,
+                                                           "process_set": process_set})
+                return reduced
 
             return allreduce_grads
 
         return make
+
+    def _reduce_at_run_time(self, origin: Origin, grad: tf.IndexedSlices, var: Any, script_densifies: bool,
+                            kwargs: dict[str, Any]) -> Any:
+        """``auto`` for a gradient whose row count the graph does not know: at the first step every rank
+        measures its rows, they agree on the largest (a max-allreduce), the policy decides, and the
+        decision, kept in a variable, picks the branch of a ``tf.cond`` at every step. The dense branch's
+        result reaches the optimizer as IndexedSlices over every row (``tf.cond`` gives both branches
+        one type): the same update."""
+        import horovod.tensorflow as hvd
+
+        name, process_set = origin.name, kwargs.get("process_set")
+        world = _set_size(process_set) or self.world_size()
+        shape = row_shape(grad, var)
+        flag = self._run_time_flags.get(name)
+        if flag is None:
+            with tf.init_scope():
+                flag = tf.Variable(-1, dtype=tf.int64, trainable=False, name="memdiag_decision")
+            self._run_time_flags[name] = flag
+
+        def decide(local, agreed):
+            decision = self.policy.decide_rows(name, shape, int(local), int(agreed), script_densifies, world)
+            return np.int64(decision.densify)
+
+        def first_step():
+            rows = tf.shape(grad.values, out_type=tf.int64)[0]
+            agreed = _horovod_op("_allreduce")(rows, op=hvd.Max, process_set=process_set or hvd.global_process_set,
+                                               name="memdiag_agree_" + _op_safe(name))
+            chosen = tf.py_function(decide, [rows, agreed], Tout=tf.int64, name="memdiag_decide")
+            chosen.set_shape([])
+            return flag.assign(chosen, read_value=True)
+
+        densify = tf.cond(flag < 0, first_step, flag.read_value) > 0
+
+        def dense():
+            with self._queued([replace(origin, densified=True)]):
+                reduced = sys.modules["horovod.tensorflow"].allreduce(self.policy.densify(grad), **kwargs)
+            rows = tf.range(tf.shape(reduced, out_type=grad.indices.dtype)[0])
+            return tf.IndexedSlices(reduced, rows, grad.dense_shape)
+
+        def sparse():
+            with self._queued([origin]):
+                return sys.modules["horovod.tensorflow"].allreduce(grad, **kwargs)
+
+        return tf.cond(densify, dense, sparse)
 
     def _wrap_allreduce(self, original: Callable) -> Callable:
         signature = _signature(original)
@@ -549,6 +609,20 @@ def _rebind(signature: inspect.Signature | None, arguments: dict[str, Any], **ch
     assert signature is not None, "Horovod's _make_allreduce_grads_fn has a Python signature"
     values = {**arguments, **changes}
     return [values[name] for name in signature.parameters if name in values]
+
+
+def _horovod_op(attr: str) -> Callable:
+    """Horovod's own op underneath memdiag's recording hook (for memdiag's own collectives)."""
+    import horovod.tensorflow.mpi_ops as mpi_ops
+
+    function = getattr(mpi_ops, attr)
+    while hasattr(function, "__wrapped__"):
+        function = function.__wrapped__
+    return function
+
+
+def _op_safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "_." else "_" for c in name)
 
 
 def _describe_process_set(process_set: Any) -> dict[str, Any] | None:
