@@ -2,7 +2,9 @@
 
 Order matters: TensorFlow threads are sized (built-in workloads, or when asked) before any op runs, the
 hooks are installed before the workload or the user's script imports anything from Horovod, and every
-exit path writes an ``end`` record so the launcher can tell a finished rank from one that died.
+exit path writes an ``end`` record so the launcher can tell a finished rank from one that died. With
+``--spool local`` MPI is initialised before TensorFlow and Horovod, so that the rank's records travel
+to rank 0 from the start, whatever ends the rank (:mod:`memdiag.agent.delivery`).
 
 A user's script is measured as written: its thread pools, its Horovod options and its allocator are
 left alone unless an option of memdiag's asks otherwise (and run.json says so).
