@@ -24,7 +24,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from memdiag._errors import UserError
 from memdiag.analyze import projection as model
 from memdiag.collect import HOROVOD_TIMELINE, RUN_MANIFEST, SUMMARY, read_rank_file
-from memdiag.launch.session import RunRequest, execute, prepare_run_dir, ranks_per_host, run_request_from, validate
+from memdiag.launch.mpirun import ranks_per_host
+from memdiag.launch.session import RunRequest, execute, prepare_run_dir, run_request_from, validate
 from memdiag.workloads import check as check_workload, configs
 
 SCALE_FILE = "scale.json"
@@ -211,7 +212,8 @@ def measured_row(summary: dict[str, Any], manifest: dict[str, Any], run_dir: str
     compute = [t["step_s"] - (t["collective_s"] or 0.0) for t in timings]
     n = summary["world_size"]
     cores = manifest.get("cores_per_host") or 1
-    per_host = ranks_per_host(RunRequest(target=str(summary.get("workload")), world_size=n, hosts=manifest.get("hosts")))
+    # As mpirun placed the ranks: the slots of --hosts filled in order, not the ranks spread evenly.
+    per_host = ranks_per_host(n, manifest.get("hosts"))
     return {
         "world_size": n,
         "status": summary["status"],

@@ -31,8 +31,10 @@ from memdiag.formula import MPI_COUNT_LIMIT, SparseGradientShape, gathered_eleme
 # MPI latency and about 10 GB/s of the 12.5 GB/s line rate achieved per link.
 DEFAULT_ALPHA_S = 5e-6
 DEFAULT_BETA_BYTES_PER_S = 10e9
-# Horovod packs ready tensors into one fusion buffer per allreduce (HOROVOD_FUSION_THRESHOLD).
-DEFAULT_FUSION_BYTES = 64 * 1024**2
+# Horovod packs ready tensors into one fusion buffer per allreduce (HOROVOD_FUSION_THRESHOLD). Its
+# default in Horovod 0.28.1 is 128 MiB: horovod/common/operations.cc, BackgroundThreadLoop(), line 519:
+# `state.parameter_manager.SetTensorFusionThresholdBytes(128 * 1024 * 1024);` before the variable is read.
+DEFAULT_FUSION_BYTES = 128 * 1024**2
 
 PROJECTED_MODES = ("sparse", "dense")
 SCALINGS = ("weak", "strong")

@@ -36,7 +36,7 @@ class ScaleCommand:
         project.add_argument("--network", metavar="JSON",
                              help="fit alpha and beta to the rows of probes/collective_bench.py --json")
         project.add_argument("--fusion-threshold", metavar="SIZE",
-                             help="Horovod fusion buffer (default HOROVOD_FUSION_THRESHOLD or 64M)")
+                             help="Horovod fusion buffer (default HOROVOD_FUSION_THRESHOLD or 128M, Horovod's own default)")
         project.add_argument("--step-compute", type=positive_float("--step-compute"), metavar="SECONDS",
                              help="compute time per step at the measured batch, instead of the measured one")
         project.add_argument("--project-batch", type=positive_float("--project-batch"), metavar="ITEMS",

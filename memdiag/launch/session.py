@@ -75,6 +75,8 @@ def validate(request: RunRequest) -> None:
         raise UserError(f"--steps {request.steps}: run at least 1 step")
     if request.margin <= 0:
         raise UserError(f"--margin {request.margin}: the margin must be a positive factor, e.g. 1.0")
+    if request.hosts:
+        mpirun.parse_hosts(request.hosts)
     if request.is_script:
         if not os.path.isfile(request.target):
             raise UserError(f"script {request.target} not found; give the path of a Python training script")
@@ -143,17 +145,10 @@ def changes_to_job(request: RunRequest) -> list[str]:
     if request.memray:
         changes.append("--memray: every allocation tracked; oneDNN's pooled allocator off (TF_ENABLE_ONEDNN_OPTS=0) "
                        "unless the environment sets it")
+    if request.spool == "local":
+        changes.append("--spool local: MPI initialised by memdiag before the job (mpi4py, MPI_THREAD_MULTIPLE as "
+                       "Horovod asks), to stream every rank's records to rank 0")
     return changes
-
-
-def ranks_per_host(request: RunRequest) -> int:
-    if not request.hosts:
-        return request.world_size
-    slots = []
-    for entry in request.hosts.split(","):
-        _, _, count = entry.partition(":")
-        slots.append(int(count) if count.isdigit() else 1)
-    return max(1, -(-request.world_size // max(1, len(slots))))
 
 
 class StepWatcher:
@@ -223,7 +218,10 @@ def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None) 
         "steps": request.steps,
         "hosts": request.hosts,
         "cores_per_host": cores,
-        "oversubscribed": ranks_per_host(request) > cores,
+        # Where mpirun puts each rank (slots of --hosts filled in order); the ranks' own start
+        # records say where they ran.
+        "placement": mpirun.placement(request.world_size, request.hosts),
+        "oversubscribed": mpirun.ranks_per_host(request.world_size, request.hosts) > cores,
         "created": time.time(),
         "status": "running",
         "changes_to_job": changes_to_job(request),
@@ -242,7 +240,8 @@ def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None) 
     launch = mpirun.Launch(request.world_size, [encode_config(config)], hosts=request.hosts,
                            timeout_s=request.timeout_s, extra_env=extra_env)
     watcher = StepWatcher(os.path.join(out, "rank-0.jsonl"))
-    poll = None if on_steps is None or request.spool == "local" else (lambda: on_steps(watcher.poll()))
+    # With --spool local rank 0 streams its records into the run directory too (about once a second).
+    poll = None if on_steps is None else (lambda: on_steps(watcher.poll()))
     result = mpirun.run(launch, os.path.join(out, "mpirun.log"), poll)
     run = load_run(out)
     versions = next((r.start.get("versions") for r in run.ranks.values() if r.start), None)

@@ -79,8 +79,10 @@ PRESETS: dict[str, dict[str, Any]] = {
                                   seq_len=16, tokens_per_rank=256, warmup_steps=100),
         # The default of comparisons on a 2-core machine: embedding rows as wide as the reference
         # "big" model's (1024 floats), 8192 tokens per rank, and a narrow model behind a projection
-        # so that a step costs little compute. Both embeddings give IndexedSlices gradients.
-        "small": TransformerConfig(vocab_size=4096, d_model=64, num_layers=1, num_heads=2,
+        # so that a step costs little compute. Both embeddings give IndexedSlices gradients. A 2048-word
+        # vocabulary keeps the output logits (tokens x vocab floats) small, so that from N=2 on the
+        # gathered buffers, not the activations, set the peak.
+        "small": TransformerConfig(vocab_size=2048, d_model=64, num_layers=1, num_heads=2,
                                    filter_size=256, seq_len=64, tokens_per_rank=8192,
                                    tie_target_embedding=False, embedding_size=1024, warmup_steps=400),
         "base": TransformerConfig(),
@@ -104,6 +106,22 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# The words a boolean setting accepts (case-insensitive). Anything else is refused: a typo such as
+# "flase" must not quietly become False and change the workload.
+BOOLEAN_WORDS: dict[str, bool] = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+
+
+def parse_bool(key: str, text: str) -> bool:
+    """``--set KEY=TEXT`` for a boolean setting: one of :data:`BOOLEAN_WORDS`, or a UserError."""
+    from memdiag._errors import UserError
+
+    try:
+        return BOOLEAN_WORDS[text.strip().lower()]
+    except KeyError:
+        raise UserError(f"--set {key}={text}: {key} is true or false; write --set {key}=true or "
+                        f"--set {key}=false (yes/no and 1/0 work too)") from None
+
+
 def with_overrides(config: Any, overrides: dict[str, str]) -> Any:
     """Apply ``--set key=value`` overrides, converting each value to the field's type."""
     from memdiag._errors import UserError
@@ -114,8 +132,11 @@ def with_overrides(config: Any, overrides: dict[str, str]) -> Any:
         if key not in known:
             raise UserError(f"--set {key}: unknown setting; known: {', '.join(sorted(known))}")
         kind = type(getattr(config, key))
+        if kind is bool:
+            changes[key] = parse_bool(key, text)
+            continue
         try:
-            changes[key] = (text.lower() in ("1", "true", "yes")) if kind is bool else kind(text)
+            changes[key] = kind(text)
         except ValueError:
             raise UserError(f"--set {key}={text}: expected a {kind.__name__}") from None
     config = replace(config, **changes)

@@ -58,7 +58,7 @@ def test_resnet50_gradients_are_all_dense_allreduces(study):
 def test_one_host_is_reported_as_not_a_scaling_experiment(study):
     out, result = study
     scale = read_json(out / "scale.json")
-    # Both rank counts share this host's cores (2 cores per rank at N=1, fewer at N=2)
+    # Both rank counts share the one host's cores (2 cores per rank at N=1, fewer at N=2)
     assert scale["scaling_experiment"] is False
     text = " ".join(result.stdout.split())
     assert "NOT a scaling experiment" in text

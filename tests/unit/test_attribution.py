@@ -57,7 +57,7 @@ ALLREDUCE_OUTPUT_STACK = native(*TF_ALLOCATOR[3:],
 TF_STACK = native(*TF_ALLOCATOR,
                   "tensorflow::BinaryOp<Eigen::ThreadPoolDevice, tensorflow::functor::mul<float> >::Compute("
                   "tensorflow::OpKernelContext*)", "tensorflow::ThreadPoolDevice::Compute") \
-    + (("call", "/work/main/memdiag/workloads/transformer.py", 98),)
+    + (("call", "memdiag/workloads/transformer.py", 98),)
 PYTHON_STACK = (("_PyObject_ArenaMmap", "Objects/obmalloc.c", 152), ("new_arena", "Objects/obmalloc.c", 1641),
                 ("_PyObject_Malloc", "Objects/obmalloc.c", 1998), ("r_object", "Python/marshal.c", 1121),
                 ("_compile_bytecode", "<frozen importlib._bootstrap_external>", 729))

@@ -183,3 +183,17 @@ def test_one_rank_takes_dense_sizes_from_the_saved_parameters_less_the_indexedsl
     base = model.base_from_summary(_summary(world_size=1), "n1", 100, 0.5, parameters)
     assert base.dense_allreduce_bytes == (4096, 128)
     assert base.sparse == {"m/emb:0": EMB}
+
+
+def test_the_default_fusion_buffer_is_horovods_own_128_mib(monkeypatch):
+    # Horovod 0.28.1 sets 128 MiB unless HOROVOD_FUSION_THRESHOLD says otherwise
+    # (horovod/common/operations.cc, SetTensorFusionThresholdBytes(128 * 1024 * 1024)).
+    from memdiag.cli import build_parser
+    from memdiag.commands.scale import _projection_request
+
+    assert model.DEFAULT_FUSION_BYTES == 128 * 1024**2
+    monkeypatch.delenv("HOROVOD_FUSION_THRESHOLD", raising=False)
+    args = build_parser().parse_args(["scale", "--from", "x", "--project", "64"])
+    assert _projection_request(args).fusion_bytes == 128 * 1024**2
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", str(64 * 1024**2))
+    assert _projection_request(args).fusion_bytes == 64 * 1024**2
