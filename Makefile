@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-fast bench clean-runs
+.PHONY: setup demo test test-slow test-fast lint bench clean-runs
 
 setup:
 	bash scripts/setup.sh
@@ -11,8 +11,17 @@ setup:
 demo: setup
 	$(VENV)/bin/memdiag compare sparse-vs-dense transformer --preset small -n 1,2,4
 
-test: setup
-	$(PY) -m pytest -q
+# The suite a developer runs (under 15 minutes on 2 cores): unit tests and the core integration tests.
+test: setup lint
+	$(PY) -m pytest -q -m "not slow"
+
+# The extended tier: memray attribution, every example script against plain mpirun, multi-host studies.
+test-slow: setup
+	$(PY) -m pytest -q -m slow
+
+lint: setup
+	$(VENV)/bin/ruff check memdiag tests probes examples
+	$(VENV)/bin/mypy memdiag
 
 # Unit tests only (no mpirun).
 test-fast: setup

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import NoReturn
 
 from memdiag import __version__
 from memdiag._errors import UserError
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
+    def error(self, message: str) -> NoReturn:  # one line, exit 2, no usage dump
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

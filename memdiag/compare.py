@@ -6,10 +6,10 @@ import datetime as _dt
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from memdiag.analyze import compare as analysis
 from memdiag.launch.session import RunRequest, execute, prepare_run_dir, run_request_from, validate
@@ -64,8 +64,7 @@ def run_compare(request: CompareRequest, console: Console) -> dict[str, Any]:
             task = progress.add_task(f"  N={n} {mode}: steps", total=request.steps)
             out = os.path.join(request.out, f"n{n}-{mode}" + (f"-r{r + 1}" if r else ""))
             run_dirs.setdefault((n, mode), []).append(
-                execute(request.run_request(n, mode, out),
-                        on_steps=lambda done, t=task: progress.update(t, completed=done)))
+                execute(request.run_request(n, mode, out), on_steps=_progress(progress, task)))
             progress.remove_task(task)
             progress.advance(overall)
             console.print(f"  finished N={n} {mode}" + (f" (repeat {r + 1})" if request.repeats > 1 else ""),
@@ -89,3 +88,8 @@ def run_compare(request: CompareRequest, console: Console) -> dict[str, Any]:
     with open(os.path.join(request.out, "compare.json"), "w", encoding="utf-8") as f:
         json.dump(result, f, indent=2, default=str)
     return result
+
+
+def _progress(progress: Progress, task: TaskID) -> Callable[[int], None]:
+    """Tell ``task`` how many steps rank 0 has finished."""
+    return lambda done: progress.update(task, completed=done)

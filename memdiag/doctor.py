@@ -89,7 +89,7 @@ def _memray() -> Check:
                 bytearray(1 << 16)
         except Exception as exc:  # noqa: BLE001 - any failure means --memray will not work here
             return Check("memray", "warn", f"native tracking failed ({exc})", "--memray will not work on this host")
-    return Check("memray", "ok", f"{memray.__version__}, native traces work")
+    return Check("memray", "ok", f"{getattr(memray, '__version__', '?')}, native traces work")
 
 
 def _memory(world_size: int) -> Callable[[], Check]:

@@ -25,6 +25,7 @@ from memdiag._errors import UserError
 from memdiag.analyze import projection as model
 from memdiag.collect import HOROVOD_TIMELINE, RUN_MANIFEST, SUMMARY, read_rank_file
 from memdiag.launch.mpirun import ranks_per_host
+from memdiag.compare import _progress
 from memdiag.launch.session import RunRequest, execute, prepare_run_dir, run_request_from, validate
 from memdiag.workloads import check as check_workload, configs
 
@@ -124,8 +125,7 @@ def run_scale(request: ScaleRequest, projection: ProjectionRequest | None, conso
         for n in rank_counts:
             task = progress.add_task(f"  N={n}: steps", total=request.steps)
             out = os.path.join(request.out, f"n{n}")
-            run_dirs[n] = execute(request.run_request(n, plans[n], out),
-                                  on_steps=lambda done, t=task: progress.update(t, completed=done))
+            run_dirs[n] = execute(request.run_request(n, plans[n], out), on_steps=_progress(progress, task))
             progress.remove_task(task)
             progress.advance(overall)
             console.print(f"  finished N={n}", highlight=False)

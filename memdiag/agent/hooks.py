@@ -88,7 +88,7 @@ class CollectiveHooks:
         import horovod.tensorflow.mpi_ops as mpi_ops
 
         self._ops = {int(getattr(hvd, n)): n.lower() for n in ("Average", "Sum", "Adasum", "Min", "Max", "Product")}
-        tables = {
+        tables: dict[str, dict[str, Callable[[Callable], Callable]]] = {
             "constructors": {"DistributedGradientTape": self._wrap_constructor("DistributedGradientTape"),
                              "DistributedOptimizer": self._wrap_constructor("DistributedOptimizer")},
             "gradient": {"_make_allreduce_grads_fn": self._wrap_make_allreduce_grads_fn,
@@ -118,7 +118,7 @@ class CollectiveHooks:
                     original = getattr(module, attr, None) if module is not None else None
                     if original is None or id(original) in wrapped_of or getattr(original, "__memdiag__", False):
                         continue
-                    wrapped = wrap(original)
+                    wrapped: Any = wrap(original)
                     wrapped.__memdiag__ = True
                     wrapped.__wrapped__ = original
                     wrapped_of[id(original)] = (original, wrapped)
@@ -370,8 +370,10 @@ class CollectiveHooks:
             kwargs["compression"] = compression
         if process_set is not None:
             kwargs["process_set"] = process_set
-        gathered = tf.convert_to_tensor(self._plain_allreduce(grad, **kwargs))
-        reduced = self._plain_allreduce(self.policy.densify(grad), **kwargs)
+        plain = self._plain_allreduce
+        assert plain is not None, "install() keeps Horovod's own allreduce"
+        gathered = tf.convert_to_tensor(plain(grad, **kwargs))
+        reduced = plain(self.policy.densify(grad), **kwargs)
 
         def emit(a, b):
             a, b = a.numpy().astype("float64"), b.numpy().astype("float64")
@@ -644,7 +646,7 @@ def _set_size(process_set: Any) -> int | None:
 
 def _call_site() -> str:
     """``file:line`` of the innermost frame outside Horovod, TensorFlow and memdiag."""
-    frame = sys._getframe(1)
+    frame: Any = sys._getframe(1)
     while frame is not None:
         path = frame.f_code.co_filename
         # autograph's converted copy of a function lives in a temporary file: its caller is stable

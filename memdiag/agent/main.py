@@ -21,7 +21,6 @@ import signal
 import socket
 import sys
 import tempfile
-import time
 import traceback
 from typing import Any, Callable
 
@@ -71,7 +70,11 @@ def main(argv: list[str] | None = None) -> int:
         hvd = _import_horovod()
 
         tracer = Tracer(writer, sampler, rank, auto_steps=config["script"] is not None)
-        sampler.on_tick = lambda: (tracer.report_long_wait(), writer.flush())
+        def tick() -> None:
+            tracer.report_long_wait()
+            writer.flush()
+
+        sampler.on_tick = tick
         if config.get("mem_limit_bytes"):
             sampler.on_sample = _memory_watchdog(config["mem_limit_bytes"], tracer, writer,
                                                  before_kill=delivery.before_kill if delivery else None)

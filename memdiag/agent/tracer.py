@@ -9,7 +9,9 @@ collective outputs received in a step (with Horovod's averaged copy of gathered 
 of them are alive until the step's update has consumed them.
 
 A user's script is not changed, so its steps are found from the collectives themselves: the first
-gradient reduction to start is the anchor, and each time it starts again a new step begins. What comes
+gradient reduction to start is the anchor, and each time it starts again a new step begins (a script
+that reduces no gradient through Horovod's gradient functions is stepped by its first collective that
+is not a broadcast). What comes
 before the first anchor (initial broadcasts, model building) is the set-up step, -1.
 """
 
@@ -45,6 +47,7 @@ class Tracer:
         self._hwm_at_start = read_hwm()
         self._lock = threading.RLock()
         self._anchor: tuple | None = None
+        self._anchor_is_gradient = False
         self._pending: dict[tuple, dict[str, Any]] = {}  # collectives started, not yet completed
         self._received: list[dict[str, Any]] = []  # collectives completed in the current step
         self._reported_waits: set[tuple] = set()
@@ -169,11 +172,17 @@ class Tracer:
             return sorted(self._received, key=lambda r: -r["bytes_out"])[:count]
 
     def _advance_auto_step(self, meta: dict[str, Any]) -> None:
-        if not meta.get("gradient"):
-            return
+        if meta["op"] == "broadcast":
+            return  # the initial broadcast is set-up, never a step
         key = (meta["op"], meta["name"], meta.get("part"))
+        gradient = bool(meta.get("gradient"))
+        if self._anchor is not None and gradient and not self._anchor_is_gradient:
+            # A script whose first collective was its own (a metric, SyncBatchNorm's statistics):
+            # the first gradient reduction takes over as the anchor, within the current step.
+            self._anchor, self._anchor_is_gradient = key, True
+            return
         if self._anchor is None:
-            self._anchor = key
+            self._anchor, self._anchor_is_gradient = key, gradient
         elif key != self._anchor:
             return
         self.end_step()

@@ -6,7 +6,7 @@ import json
 import os
 import statistics
 from collections import defaultdict
-from typing import Any
+from typing import Any, Mapping
 
 from memdiag import formula
 from memdiag._errors import UserError
@@ -198,7 +198,7 @@ def headline(rows: list[dict[str, Any]]) -> str | None:
     return text
 
 
-def build(target: str, preset: str | None, run_dirs: dict[tuple[int, str], str | list[str]],
+def build(target: str, preset: str | None, run_dirs: Mapping[tuple[int, str], str | list[str]],
           verify_dir: str | None = None) -> dict[str, Any]:
     """The comparison of every (rank count, mode): each key holds one run directory or, with
     ``--repeats``, several; their peaks give the median and the run-to-run spread."""
@@ -234,11 +234,11 @@ def with_repeats(row: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, A
     """A row's peak as the median over repeated runs, with their spread (max - min)."""
     peaks = [r.get("steady_peak_rss_bytes_max") or r.get("peak_rss_bytes_max") for r in runs
              if r.get("status") == "ok"]
-    peaks = [p for p in peaks if p]
+    found: list[float] = [p for p in peaks if p]
     row["repeats"] = len(runs)
-    if len(peaks) > 1:
-        row["peak_rss_bytes_max"] = statistics.median(peaks)
-        row["peak_spread_bytes"] = max(peaks) - min(peaks)
+    if len(found) > 1:
+        row["peak_rss_bytes_max"] = statistics.median(found)
+        row["peak_spread_bytes"] = max(found) - min(found)
     else:
         row["peak_spread_bytes"] = None
     return row
@@ -282,6 +282,7 @@ def physics(result: dict[str, Any], summaries: dict[tuple[int, str], dict[str, A
     dense_low, dense_high = (peak(min(multi), "dense"), peak(max(multi), "dense")) if len(multi) >= 2 else (None, None)
     best = min((p for p in (peak(largest, "sparse"), peak(largest, "dense")) if p is not None), default=None)
     auto_peak = peak(largest, "auto")
+    sparse_peak = peak(largest, "sparse")
     densified = [t["name"] for t in result.get("tensors", []) if t.get("auto_decision") == "dense"]
     return {
         "largest_world_size": largest,
@@ -291,8 +292,7 @@ def physics(result: dict[str, Any], summaries: dict[tuple[int, str], dict[str, A
         "dense_change": None if not dense_low or dense_high is None else (dense_high - dense_low) / dense_low,
         "dense_peak_bytes": dense_high if dense_high is not None else peak(largest, "dense"),
         "auto_densified": densified,
-        "auto_vs_sparse": None if auto_peak is None or not peak(largest, "sparse")
-        else auto_peak / peak(largest, "sparse") - 1,
+        "auto_vs_sparse": None if auto_peak is None or not sparse_peak else auto_peak / sparse_peak - 1,
         "auto_minus_best_bytes": None if auto_peak is None or best is None else auto_peak - best,
         "auto_vs_best_beyond_noise": beyond_noise(auto_peak, best),
         "phases": {mode: {str(n): summaries[(n, mode)].get("peak_phase") for n in counts if (n, mode) in summaries}

@@ -68,8 +68,8 @@ def diagnose(run: Run) -> dict[str, Any] | None:
             headline = (f"hang: rank(s) {', '.join(map(str, waiting))} waited in {', '.join(names)}; "
                         f"rank(s) {', '.join(map(str, absent))} never joined it")
         else:
-            headline = (f"the job ran past --timeout and was ended; no Horovod stall report was seen "
-                        f"(ranks may have been computing, or stuck outside collectives)")
+            headline = ("the job ran past --timeout and was ended; no Horovod stall report was seen "
+                        "(ranks may have been computing, or stuck outside collectives)")
         return {
             "kind": "timeout",
             "headline": headline,

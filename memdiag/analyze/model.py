@@ -311,7 +311,10 @@ def build_model(summaries: list[dict[str, Any]], margin: float = 1.0) -> MemoryM
         if not runs:
             continue
         anchor = runs[-1]
-        model.base[mode] = collective_window_peak(anchor) - model.held_bytes(mode, anchor["world_size"])
+        peak = collective_window_peak(anchor)
+        if peak is None:
+            continue
+        model.base[mode] = peak - model.held_bytes(mode, anchor["world_size"])
         compute = fit_compute_peak(runs)
         if compute is not None:
             model.compute_peak[mode] = compute
@@ -324,7 +327,7 @@ def build_model(summaries: list[dict[str, Any]], margin: float = 1.0) -> MemoryM
     several = [s for s in sparse if s["world_size"] > 1]
     fitted = several if len({s["world_size"] for s in several}) >= 2 else sparse
     fit = linear_fit([model.gathered_bytes("sparse", s["world_size"]) for s in fitted],
-                     [collective_window_peak(s) for s in fitted])
+                     [float(collective_window_peak(s) or 0.0) for s in fitted])
     model.fitted_cost = None if fit is None else fit[0]
     return model
 

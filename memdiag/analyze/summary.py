@@ -130,7 +130,7 @@ def summarize(run: Run) -> dict[str, Any]:
     m = run.manifest
     ranks = [rank_summary(run.ranks[r]) for r in sorted(run.ranks)]
     steps, consistency = step_summary(run)
-    items = [s.get("items") for r in run.ranks.values() for s in _training_steps(r) if s.get("items")]
+    items = [s["items"] for r in run.ranks.values() for s in _training_steps(r) if s.get("items")]
     step_times = [r["step_time_s"] for r in ranks if r["step_time_s"]]
     throughput = None
     if items and step_times:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+from typing import Protocol
+
 from memdiag.commands.compare import CompareCommand
 from memdiag.commands.doctor import DoctorCommand
 from memdiag.commands.predict import PredictCommand
@@ -9,7 +12,17 @@ from memdiag.commands.report import ReportCommand
 from memdiag.commands.run import RunCommand
 from memdiag.commands.scale import ScaleCommand
 
-COMMANDS = {
+
+
+class Command(Protocol):
+    help: str
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace, script_args: list[str]) -> int: ...
+
+
+COMMANDS: dict[str, type[Command]] = {
     "run": RunCommand,
     "compare": CompareCommand,
     "report": ReportCommand,

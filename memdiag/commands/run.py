@@ -26,7 +26,8 @@ class RunCommand:
         from memdiag.collect import load_run
         from memdiag.launch.session import RunRequest, execute
         from memdiag.report.terminal import print_run
-        import json, os
+        import json
+        import os
 
         request = RunRequest(
             target=args.target, world_size=args.world_size, mode=args.mode, steps=args.steps,

@@ -227,7 +227,7 @@ def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None) 
         "changes_to_job": changes_to_job(request),
     }
     write_manifest(out, manifest)
-    extra_env = {}
+    extra_env: dict[str, str] = {}
     if request.timeout_s:
         # Horovod's stall inspector then names the missing ranks well before the job is ended.
         stall = max(2, min(60, int(request.timeout_s / 4)))

@@ -212,10 +212,10 @@ class FitTable:
                                  no_wrap=True)
         for row in self.rows:
             # Text, not str: rich would read "[values]" in a tensor name as markup and drop it.
-            cells = [_as_text(row.cells[i]) for i in indices]
-            cells = [shorten_left(cell, width) if self.columns[i].kind == "name" else cell
-                     for cell, i, width in zip(cells, indices, widths)]
-            table.add_row(*cells, end_section=row.end_section)
+            texts = [_as_text(row.cells[i]) for i in indices]
+            shown: list[str | Text] = [shorten_left(cell, width) if self.columns[i].kind == "name" else cell
+                                       for cell, i, width in zip(texts, indices, widths)]
+            table.add_row(*shown, end_section=row.end_section)
         return table
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:

@@ -29,7 +29,7 @@ def parameter_digest(variables: list) -> str:
     """Exact fingerprint of all parameters: equal on every rank iff the parameters are identical."""
     digest = hashlib.blake2b(digest_size=16)
     for var in variables:
-        digest.update(memoryview(np.ascontiguousarray(var.numpy())).cast("B"))
+        digest.update(np.ascontiguousarray(var.numpy()).tobytes())
     return digest.hexdigest()
 
 

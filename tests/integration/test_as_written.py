@@ -13,11 +13,13 @@ import pytest
 
 from memdiag.analyze.timeline import record_collectives, timeline_collectives, unshaped_ops
 from memdiag.report.trace import read_timeline
-from tests.conftest import ROOT, memdiag, read_json, read_records
+from tests.helpers import ROOT, memdiag, read_json, read_records
 
 pytestmark = pytest.mark.mpi
 
-# Each an ordinary Horovod script (examples/README.md), with the arguments of a short run.
+# Each an ordinary Horovod script (examples/README.md), with the arguments of a short run. The core
+# tier runs the scripts whose paths memdiag once changed or missed; the rest run in the slow tier.
+CORE = ("user_sparse_as_dense.py", "user_adasum.py", "user_groups.py", "user_process_set.py")
 SCRIPTS = {
     "user_tape_eager.py": ["--steps", "3", "--tokens", "256"],
     "user_tape_function.py": ["--steps", "3"],
@@ -46,7 +48,8 @@ def plain_mpirun(script: Path, args: list[str], timeline: Path, ranks: int = 2) 
                           timeout=300, env=env, stdin=subprocess.DEVNULL)
 
 
-@pytest.mark.parametrize("name", sorted(SCRIPTS))
+@pytest.mark.parametrize("name", [name if name in CORE else pytest.param(name, marks=pytest.mark.slow)
+                                  for name in sorted(SCRIPTS)])
 def test_a_script_runs_under_memdiag_exactly_as_under_plain_mpirun(name, runs_root, tmp_path):
     script, args = ROOT / "examples" / name, SCRIPTS[name]
     # GIVEN the script's run under plain mpirun, with Horovod's timeline of what it issued
@@ -129,7 +132,7 @@ print("final", float(tf.reduce_sum(table)), flush=True)
 '''
 
 
-@pytest.mark.parametrize("style", ["eager", "function", "dynamic"])
+@pytest.mark.parametrize("style", [pytest.param("eager", marks=pytest.mark.slow), "function", "dynamic"])
 def test_ranks_with_batches_straddling_the_crossover_take_the_same_path(style, runs_root, tmp_path):
     script = tmp_path / "uneven.py"
     script.write_text(UNEVEN)
@@ -151,7 +154,7 @@ def test_ranks_with_batches_straddling_the_crossover_take_the_same_path(style, r
 def test_compare_on_a_seeded_script_gives_a_correctness_result(runs_root):
     out = runs_root / "compare-script"
     result = memdiag("compare", "sparse-vs-dense", str(ROOT / "examples" / "user_tape_function.py"),
-                     "-n", "2", "--out", str(out), "--", "--steps", "3")
+                     "-n", "2", "--modes", "sparse,dense", "--steps", "2", "--out", str(out), "--", "--steps", "3")
     assert result.returncode == 0, result.stdout + result.stderr
     correctness = read_json(out / "compare.json")["correctness"]
     assert correctness["passed"] is True

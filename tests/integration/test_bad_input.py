@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, memdiag
+from tests.helpers import ROOT, memdiag
 
 
 def assert_one_line_error(result, *needles: str) -> None:
@@ -26,7 +26,7 @@ def assert_one_line_error(result, *needles: str) -> None:
     (["run", "transformer", "-n", "-3"], ["-n must be at least 1"]),
     (["run", "transformer", "-n", "four"], ["-n must be a whole number"]),
     (["run", "transformer", "-n", "2", "--steps", "0"], ["--steps must be at least 1"]),
-    (["run", "transformer", "-n", "2", "--mode", "dnese"], ["mode must be one of sparse, dense, auto"]),
+    (["run", "transformer", "-n", "2", "--mode", "dnese"], ["mode must be one of as-written, sparse, dense, auto"]),
     (["run", "transformer", "-n", "2", "--preset", "huge"], ["no preset 'huge'", "tiny"]),
     (["run", "transformer", "-n", "2", "--set", "vocab=3"], ["unknown setting"]),
     (["compare", "sparse-vs-dense", "transformer", "-n", "1,x"], ["rank counts must be whole numbers"]),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from memdiag.workloads.configs import PRESETS
-from tests.conftest import memdiag, read_json
+from tests.helpers import memdiag, read_json
 
 pytestmark = pytest.mark.mpi
 TINY = PRESETS["transformer"]["tiny"]

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.conftest import memdiag, read_json, read_records
+from tests.helpers import memdiag, read_json, read_records
 
 pytestmark = pytest.mark.mpi
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.mpi
 

@@ -14,10 +14,10 @@ import json
 import pytest
 
 from memdiag.analyze.attribution import ALLGATHER, TF_TENSORS
-from tests.conftest import memdiag, read_json
+from tests.helpers import memdiag, read_json
 from tests.unit.test_trace import process_names, validate
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 RANKS = 2
 ROWS = 1_048_576  # side-table lookups per rank: rows of its IndexedSlices gradient
 ROW_BYTES, INDEX_BYTES = 32 * 4, 4

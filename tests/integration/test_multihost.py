@@ -22,7 +22,7 @@ import pytest
 
 from memdiag.collect import RankRecords, read_rank_file
 from memdiag.launch.mpirun import placement
-from tests.conftest import read_json, read_records
+from tests.helpers import read_json, read_records
 from tests.hosts.simulated import SimulatedCluster, agent_env, mpirun_base, processes_matching, unavailable_reason
 
 pytestmark = pytest.mark.mpi
@@ -181,6 +181,7 @@ def test_a_rank_on_the_other_host_killed_inside_a_collective_names_it_in_the_run
     assert_nothing_left(cluster, report, manifest["run_id"])
 
 
+@pytest.mark.slow
 def test_a_scaling_study_reads_the_placement_of_each_rank_count(cluster):
     out = cluster.runs / "scale-weak"
     result, report = cluster.memdiag("scale", "transformer", "--ranks", "2,4", "--weak", "--steps", "2",

@@ -9,7 +9,7 @@ import tempfile
 import pytest
 
 from memdiag.workloads.configs import PRESETS
-from tests.conftest import memdiag, read_json, read_records
+from tests.helpers import memdiag, read_json, read_records
 
 pytestmark = pytest.mark.mpi
 TINY = PRESETS["transformer"]["tiny"]

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from memdiag.workloads.configs import PRESETS
-from tests.conftest import memdiag, read_json
+from tests.helpers import memdiag, read_json
 
 pytestmark = pytest.mark.mpi
 TINY = PRESETS["resnet50"]["tiny"]

@@ -36,7 +36,7 @@ def test_a_rank_that_died_is_reported_with_its_last_step(tmp_path):
 def test_params_differing_between_ranks_are_caught(tmp_path):
     path = make_run(tmp_path / "r", steps=2)
     lines = (path / "rank-1.jsonl").read_text().splitlines()
-    edited = [l.replace('"param_digest":"d1"', '"param_digest":"other"') for l in lines]
+    edited = [line.replace('"param_digest":"d1"', '"param_digest":"other"') for line in lines]
     (path / "rank-1.jsonl").write_text("\n".join(edited) + "\n")
     s = summarize(load_run(str(path)))
     assert s["consistency"]["ranks_identical"] is False and s["consistency"]["mismatched_steps"] == [1]

@@ -11,7 +11,7 @@ import pytest
 
 from memdiag.collect import load_run
 from memdiag.report import plots
-from tests.conftest import memdiag
+from tests.helpers import memdiag
 from tests.unit.fake_run import make_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

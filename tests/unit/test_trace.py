@@ -11,7 +11,7 @@ import pytest
 
 from memdiag.collect import HOROVOD_TIMELINE, load_run
 from memdiag.report.trace import HOROVOD_PID_BASE, chrome_trace, parse_timeline, write_chrome_trace
-from tests.conftest import memdiag
+from tests.helpers import memdiag
 from tests.unit.fake_run import make_run
 
 PHASES = {"M", "C", "X", "i", "B", "E"}
