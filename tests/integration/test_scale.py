@@ -9,7 +9,7 @@ import pytest
 from memdiag.workloads.configs import PRESETS
 from tests.helpers import memdiag, read_json
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]  # ResNet-50 graphs: the extended tier
 TINY = PRESETS["resnet50"]["tiny"]
 
 
