@@ -50,7 +50,7 @@ SCRIPTS = {
     "user_backward_passes.py": ["--steps", "6"],
 }
 OUTPUT_LINE = re.compile(r"^(step \d+ loss \S+|final \S+)$", re.M)
-HWM_LINE = re.compile(r"^memdiag-bench-hwm-kib (\d+)$", re.M)
+HWM_LINE = re.compile(r"memdiag-bench-hwm-kib (\d+)")
 MiB = 2**20
 
 
