@@ -155,8 +155,6 @@ class CollectiveHooks:
                 arguments = _bind(signature, args, kwargs)
                 choices = {k: self._describe(k, v) for k, v in arguments.items()
                            if k not in ("gradtape", "optimizer", "name", "device_dense", "device_sparse")}
-                if arguments.get("optimizer") is not None:
-                    choices["optimizer"] = type(arguments["optimizer"]).__name__
                 self._record_choices({"api": f"{frontend}.{api}", **choices})
                 return original(*args, **kwargs)
 

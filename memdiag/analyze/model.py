@@ -14,12 +14,6 @@ Collective bytes follow :mod:`memdiag.formula` exactly. Peak memory per rank has
   op=Sum the gathered values are used as they are: k = 1. Horovod 0.28.1 has no allgather path for any
   other op (Adasum, Min, Max, Product raise NotImplementedError and ask for sparse_as_dense), so such a
   tensor is counted as a dense allreduce in every mode.
-  The consumer of the reduced values holds them too: an optimizer's sparse update makes values-sized
-  temporaries while the reduced values are alive (Keras 2.15: Adam scales the values for m, then squares
-  and scales them for v: two beyond the input; SGD, with or without momentum, scales them once). So
-  the values are held max(Horovod's copies, 1 + the optimizer's temporaries) times: 3 with Adam,
-  2 with SGD, whatever the op. With an optimizer memdiag cannot see (a script's own update after
-  DistributedGradientTape), Horovod's copies alone are counted, and the report says so.
 - compute_peak is the peak outside collective windows (activations, optimizer slots, allocator slack):
   it does not grow with N. collective_base + held(N) is the peak inside the collective window.
   collective_base is anchored at the largest N measured (collective peak - held(N)): at small N the
@@ -56,8 +50,6 @@ from memdiag.formula import SparseGradientShape
 AVERAGE, SUM = "average", "sum"
 GATHERING_OPS = (AVERAGE, SUM)  # the only ops Horovod 0.28.1 reduces an IndexedSlices with by allgather
 DEFAULT_REDUCE_OP = AVERAGE  # Horovod's default, and what policy records without reduce_op mean
-# Values-sized temporaries an optimizer's sparse update (Keras 2.15) makes while the reduced values live.
-OPTIMIZER_TEMPORARIES = {"adam": 2, "adamw": 2, "nadam": 2, "sgd": 1}
 SCAN_LIMIT = 1 << 20
 COMPUTE, COLLECTIVES = "compute", "collectives"
 
@@ -78,7 +70,6 @@ class MemoryModel:
     fitted_from: list[int] = field(default_factory=list)
     margin: float = 1.0
     fitted_cost: float | None = None  # slope of a straight fit over the measured N, for comparison
-    optimizer: str | None = None  # the optimizer that consumes the reduced gradients, when known
 
     # -- the reduce op and what a gathered byte costs ---------------------------------------------
 
@@ -89,16 +80,9 @@ class MemoryModel:
         """k of one tensor: peak bytes per gathered byte under its reduce op."""
         t = self.tensors[name]
         per_row = t.row_bytes + t.index_bytes
-        if not per_row:
+        if self.reduce_op(name) != AVERAGE or not per_row:
             return 1.0
-        return (self.value_copies(name) * t.row_bytes + t.index_bytes) / per_row
-
-    def value_copies(self, name: str) -> int:
-        """Buffers of the gathered values' size alive at once: Horovod's (2 with Average: the output and
-        values / N; 1 with Sum) or the input and the optimizer's temporaries, whichever is more."""
-        horovod = 2 if self.reduce_op(name) == AVERAGE else 1
-        temporaries = OPTIMIZER_TEMPORARIES.get((self.optimizer or "").lower())
-        return horovod if temporaries is None else max(horovod, 1 + temporaries)
+        return (2 * t.row_bytes + t.index_bytes) / per_row
 
     @property
     def cost_per_gathered_byte(self) -> float:
@@ -302,10 +286,8 @@ def build_model(summaries: list[dict[str, Any]], margin: float = 1.0) -> MemoryM
             if p.get("script_sparse_as_dense"):
                 script_densifies.add(p["name"])
     dense_bytes = max((dense_collective_bytes(s) for s in summaries if s["world_size"] > 1), default=0)
-    optimizer = next((c["optimizer"] for s in summaries for c in s.get("script_choices", []) if c.get("optimizer")),
-                     None)
     model = MemoryModel(tensors, dense_bytes, {}, reduce_ops=reduce_ops, script_densifies=frozenset(script_densifies),
-                        fitted_from=[s["world_size"] for s in summaries], margin=margin, optimizer=optimizer)
+                        fitted_from=[s["world_size"] for s in summaries], margin=margin)
     for mode in sorted({s["mode"] for s in summaries}):
         runs = _runs_to_fit(summaries, mode)
         if not runs:
@@ -353,8 +335,6 @@ def prediction_table(model: MemoryModel, rank_counts: list[int], modes: list[str
         "collective_base_bytes": {m: model.collective_base(m) for m in modes},
         "count_overflow": {name: shape.overflow_ranks() for name, shape in model.tensors.items()},
         "cost_per_gathered_byte": model.cost_per_gathered_byte,
-        "optimizer": model.optimizer,
-        "value_copies": {name: model.value_copies(name) for name in model.tensors},
         "reduce_ops": {name: model.reduce_op(name) for name in model.tensors},
         "fitted_cost_per_gathered_byte": model.fitted_cost,
         "base_bytes": model.base,

@@ -68,12 +68,6 @@ def _cost_note(table: dict[str, Any]) -> str:
                 + "; ".join(f"with {K_REASONS[op]}" for op in gathering))
     for op in others:
         text += f"; op={op} {NO_GATHER_REASON}"
-    copies = sorted(set((table.get("value_copies") or {}).values()))
-    if table.get("optimizer") and gathering:
-        text += (f"; and {table['optimizer']}'s sparse update holds the values {'/'.join(map(str, copies))} "
-                 "times at once (the reduced values and its temporaries), which k counts")
-    elif gathering:
-        text += "; the optimizer is not known (a script's own update): its temporaries are not counted"
     return text
 
 

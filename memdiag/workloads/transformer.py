@@ -174,8 +174,6 @@ def run(ctx: WorkloadContext, workload: str = "transformer") -> None:
     source, target_in, _, side = batches(0)
     model((source, target_in, side))
     optimizer.build(model.trainable_variables)  # slots made here, not in a second trace
-    # What consumes the reduced gradients decides how many copies of gathered values live at once.
-    ctx.tracer.writer.add({"type": "choices", "api": "workload", "optimizer": type(optimizer).__name__})
 
     # One trace, without autograph (the step has no data-dependent Python control flow): step 0
     # traces the graph, and that was most of a short run's time.

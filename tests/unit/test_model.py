@@ -222,20 +222,3 @@ def test_as_written_keeps_what_the_script_asked_for():
     model = build_model([two_regime_summary(4, "as-written", 1_000_000, 2_000_000, emb)])
     assert model.gathered_bytes("as-written", 8) == 8 * 10 * 404  # only the table the script left sparse
     assert model.gathered_bytes("sparse", 8) == 8 * (ROWS + 10) * 404
-
-
-def test_the_optimizer_that_consumes_the_values_raises_k_beyond_horovods_copies():
-    from memdiag.analyze.model import MemoryModel
-    from memdiag.formula import SparseGradientShape
-
-    shape = {"emb": SparseGradientShape(rows_per_rank=100, row_bytes=400, index_bytes=8, dense_rows=10_000)}
-
-    def k(optimizer, op):
-        return MemoryModel(shape, 0, {}, reduce_ops={"emb": op}, optimizer=optimizer).cost("emb")
-
-    # Adam: the reduced values, values x (1 - b1), then square(values) and its scaled copy: 3 at once
-    assert k("Adam", "average") == (3 * 400 + 8) / 408 and k("Adam", "sum") == (3 * 400 + 8) / 408
-    # SGD: the values and one scaled copy; Horovod's Average already holds two
-    assert k("SGD", "average") == (2 * 400 + 8) / 408 and k("SGD", "sum") == (2 * 400 + 8) / 408
-    # an optimizer memdiag cannot see: Horovod's copies alone
-    assert k(None, "average") == (2 * 400 + 8) / 408 and k(None, "sum") == 1.0
