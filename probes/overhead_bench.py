@@ -115,11 +115,12 @@ def run_plain(args: argparse.Namespace, out: str) -> float:
 
 def run_memdiag(args: argparse.Namespace, out: str, memray: bool) -> float:
     from memdiag.analyze import summary
+    from memdiag.launch.options import LaunchOptions
     from memdiag.launch.session import RunRequest, execute
 
     summary.attribution_entry = lambda run_dir: {}  # step times only: skip the peak attribution
-    request = RunRequest(target=args.workload, world_size=args.ranks, steps=args.steps, preset=args.preset,
-                         overrides=dict(args.overrides), out=out, force=True, memray=memray)
+    options = LaunchOptions(steps=args.steps, preset=args.preset, overrides=dict(args.overrides), memray=memray)
+    request = RunRequest(args.workload, args.ranks, options=options, out=out, force=True)
     run_dir = execute(request)
     with open(os.path.join(run_dir, "summary.json")) as f:
         result = json.load(f)

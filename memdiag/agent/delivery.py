@@ -33,7 +33,10 @@ import shutil
 import sys
 import threading
 import time
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    from memdiag.agent.config import AgentConfig
 
 CHUNK_BYTES = 4 * 2**20
 STREAM_INTERVAL_S = 1.0
@@ -54,16 +57,16 @@ def is_streamed(name: str) -> bool:
     return name.endswith(".jsonl")
 
 
-def start(config: dict[str, Any], rank: int, spool: str) -> Delivery | None:
+def start(config: AgentConfig, rank: int, spool: str) -> Delivery | None:
     """The delivery of this rank's spool folder, started; None when the ranks write into the run
     directory themselves (``--spool shared``)."""
-    if config.get("spool") != "local":
+    if config.spool != "local":
         return None
     from mpi4py import MPI  # initialises MPI unless it already is
 
     comm = MPI.COMM_WORLD.Dup()
     kind = Collector if comm.Get_rank() == 0 else Courier
-    delivery = kind(comm, rank, spool, config["run_dir"])
+    delivery = kind(comm, rank, spool, config.run_dir)
     delivery.start()
     return delivery
 

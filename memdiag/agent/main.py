@@ -12,8 +12,6 @@ left alone unless an option of memdiag's asks otherwise (and run.json says so).
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import platform
 import runpy
@@ -24,18 +22,12 @@ import tempfile
 import traceback
 from typing import Any, Callable
 
+from memdiag import rundir
 from memdiag.agent import delivery as _delivery
+from memdiag.agent.config import AgentConfig
 from memdiag.agent.records import RecordWriter
 from memdiag.agent.sampler import MemorySampler, read_hwm
 from memdiag.agent.tracer import Tracer
-
-
-def encode_config(config: dict[str, Any]) -> str:
-    return base64.urlsafe_b64encode(json.dumps(config).encode()).decode()
-
-
-def decode_config(text: str) -> dict[str, Any]:
-    return json.loads(base64.urlsafe_b64decode(text.encode()))
 
 
 def _rank_from_env() -> int:
@@ -54,11 +46,11 @@ def _ranks_on_node() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    config = decode_config(argv[0])
+    config = AgentConfig.decode(argv[0])
     rank = _rank_from_env()
     spool = _spool_dir(config, rank)
-    writer = RecordWriter(os.path.join(spool, f"rank-{rank}.jsonl"), rank)
-    sampler = MemorySampler(config.get("sample_interval_s", 0.005))
+    writer = RecordWriter(os.path.join(spool, rundir.rank_file(rank)), rank)
+    sampler = MemorySampler(config.sample_interval_s)
     sampler.start()
     status, error, exit_code = "ok", None, 0
     delivery: _delivery.Delivery | None = None
@@ -69,25 +61,25 @@ def main(argv: list[str] | None = None) -> int:
         _limit_threads(config)
         hvd = _import_horovod()
 
-        tracer = Tracer(writer, sampler, rank, auto_steps=config["script"] is not None)
+        tracer = Tracer(writer, sampler, rank, auto_steps=config.is_script)
         def tick() -> None:
             tracer.report_long_wait()
             writer.flush()
 
         sampler.on_tick = tick
-        if config.get("mem_limit_bytes"):
-            sampler.on_sample = _memory_watchdog(config["mem_limit_bytes"], tracer, writer,
+        if config.mem_limit_bytes:
+            sampler.on_sample = _memory_watchdog(config.mem_limit_bytes, tracer, writer,
                                                  before_kill=delivery.before_kill if delivery else None)
         from memdiag.agent.hooks import CollectiveHooks
 
         hooks = CollectiveHooks(
             tracer,
-            mode=config["mode"],
-            margin=config.get("margin", 1.0),
+            mode=config.mode,
+            margin=config.margin,
             world_size=hvd.size,
             on_decision=lambda d: writer.add({**d.as_record(), "step": tracer.step}),
-            fault=config.get("fault"),
-            check_reduction=config.get("check_reduction", False),
+            fault=config.fault,
+            check_reduction=config.check_reduction,
         )
 
         def started() -> None:
@@ -96,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             writer.write_now(_start_record(config, hvd))
 
         hooks.install()
-        if config["script"] is None:
+        if not config.is_script:
             hvd.init()
             started()
         else:
@@ -104,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             hooks.on_init = started
         _run_workload(config, tracer, hvd, spool)
         tracer.finish()
-        if config["script"] is not None:
+        if config.is_script:
             _save_script_parameters(hooks, writer, hvd.rank(), spool)
     except SystemExit as exc:  # a user's script calling sys.exit()
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -162,27 +154,27 @@ def _memory_watchdog(limit: int, tracer: Tracer, writer: RecordWriter,
     return check
 
 
-def _start_memray(config: dict[str, Any], spool: str, rank: int) -> Any:
+def _start_memray(config: AgentConfig, spool: str, rank: int) -> Any:
     """A memray tracker with native stacks for this rank, started before TensorFlow and Horovod
     allocate anything, so their start-up buffers are attributed too."""
-    if not config.get("memray"):
+    if not config.memray:
         return None
     import memray
 
-    tracker = memray.Tracker(os.path.join(spool, f"rank-{rank}.memray.bin"), native_traces=True)
+    tracker = memray.Tracker(os.path.join(spool, rundir.memray_file(rank)), native_traces=True)
     tracker.__enter__()
     return tracker
 
 
-def _limit_threads(config: dict[str, Any]) -> None:
+def _limit_threads(config: AgentConfig) -> None:
     """Built-in workloads: ranks sharing a node share its cores, so TF's pools are sized to not fight
     over them, and one inter-op thread makes peaks repeatable. A script keeps its own settings unless
     ``--threads-per-rank`` asks."""
-    if config["script"] is not None and not config.get("threads_per_rank"):
+    if config.is_script and not config.threads_per_rank:
         return
     import tensorflow as tf
 
-    threads = config.get("threads_per_rank") or max(1, (os.cpu_count() or 1) // _ranks_on_node())
+    threads = config.threads_per_rank or max(1, (os.cpu_count() or 1) // _ranks_on_node())
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
 
@@ -197,10 +189,10 @@ def _save_script_parameters(hooks: Any, writer: RecordWriter, rank: int, spool: 
     if rank == 0:
         from memdiag.workloads.loop import save_parameters
 
-        save_parameters(os.path.join(spool, "params.npz"), list(hooks.variables.values()))
+        save_parameters(os.path.join(spool, rundir.PARAMETERS), list(hooks.variables.values()))
 
 
-def _start_record(config: dict[str, Any], hvd: Any) -> dict[str, Any]:
+def _start_record(config: AgentConfig, hvd: Any) -> dict[str, Any]:
     import horovod
     import tensorflow as tf
 
@@ -216,7 +208,7 @@ def _start_record(config: dict[str, Any], hvd: Any) -> dict[str, Any]:
         "local_size": hvd.local_size(),
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "mode": config["mode"],
+        "mode": config.mode,
         "versions": {
             "python": platform.python_version(),
             "tensorflow": tf.__version__,
@@ -227,11 +219,11 @@ def _start_record(config: dict[str, Any], hvd: Any) -> dict[str, Any]:
     }
 
 
-def _run_workload(config: dict[str, Any], tracer: Tracer, hvd: Any, spool: str) -> None:
-    if config["script"] is not None:
-        sys.argv = [config["script"], *config.get("script_args", [])]
-        sys.path.insert(0, os.path.dirname(os.path.abspath(config["script"])))
-        runpy.run_path(config["script"], run_name="__main__")
+def _run_workload(config: AgentConfig, tracer: Tracer, hvd: Any, spool: str) -> None:
+    if config.script is not None:
+        sys.argv = [config.script, *config.script_args]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(config.script)))
+        runpy.run_path(config.script, run_name="__main__")
         return
     from memdiag.workloads.loop import WorkloadContext
 
@@ -239,24 +231,24 @@ def _run_workload(config: dict[str, Any], tracer: Tracer, hvd: Any, spool: str) 
         tracer=tracer,
         rank=hvd.rank(),
         size=hvd.size(),
-        steps=config["steps"],
-        seed=config.get("seed", 1234),
-        preset=config["preset"],
-        overrides=config.get("overrides", {}),
+        steps=config.steps,
+        seed=config.seed,
+        preset=config.preset,
+        overrides=config.overrides,
         run_dir=spool,
-        check_params=config.get("check_params", True),
+        check_params=config.check_params,
     )
-    if config["workload"] == "resnet50":
+    if config.workload == "resnet50":
         from memdiag.workloads import resnet
 
         resnet.run(ctx)
     else:
         from memdiag.workloads import transformer
 
-        transformer.run(ctx, workload=config["workload"])
+        transformer.run(ctx, workload=config.workload or "transformer")
 
 
-def _spool_dir(config: dict[str, Any], rank: int) -> str:
+def _spool_dir(config: AgentConfig, rank: int) -> str:
     """Where this rank writes: the run directory, or a node-local folder when it is not shared.
 
     The node-local folder lies in OpenMPI's session directory of this job on this node
@@ -264,13 +256,13 @@ def _spool_dir(config: dict[str, Any], rank: int) -> str:
     however the rank ended: a rank killed by its memory limit, or torn down by mpirun after another
     rank died, cannot clean up after itself. Under another MPI, the temporary directory.
     """
-    if config.get("spool") == "local":
+    if config.spool == "local":
         session = os.environ.get("OMPI_FILE_LOCATION", "")
         base = session if os.path.isdir(session) else tempfile.gettempdir()
-        path = os.path.join(base, f"memdiag-{config['run_id']}-rank{rank}")
+        path = os.path.join(base, f"memdiag-{config.run_id}-rank{rank}")
         os.makedirs(path, exist_ok=True)
         return path
-    return config["run_dir"]
+    return config.run_dir
 
 
 def _deliver(delivery: _delivery.Delivery | None, status: str) -> None:

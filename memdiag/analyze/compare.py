@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 from collections import defaultdict
 from typing import Any, Mapping
 
-from memdiag import formula
+from memdiag import formula, rundir
 from memdiag._errors import UserError
 from memdiag.analyze import verify
-from memdiag.analyze.scaling import linear_fit
+from memdiag.analyze.model import linear_fit
 
 
 def load_summary(run_dir: str) -> dict[str, Any]:
-    with open(os.path.join(run_dir, "summary.json"), encoding="utf-8") as f:
-        return json.load(f)
+    return rundir.read_json(os.path.join(run_dir, rundir.SUMMARY))
 
 
 def table_row(summary: dict[str, Any], run_dir: str) -> dict[str, Any]:
@@ -135,7 +133,7 @@ def _parameter_check(n: int, mode: str, reference_mode: str, ref_dir: str, run_d
         return {**base, "passed": None,
                 "note": "the script does not seed its initial parameters (they differ between runs): "
                         "final parameters not compared"}
-    ref_params, params = os.path.join(ref_dir, "params.npz"), os.path.join(run_dir, "params.npz")
+    ref_params, params = os.path.join(ref_dir, rundir.PARAMETERS), os.path.join(run_dir, rundir.PARAMETERS)
     if not (os.path.exists(ref_params) and os.path.exists(params)):
         return {**base, "passed": None, "note": "no parameters saved (no gradient reduction was seen)"}
     diffs = verify.compare_parameters(verify.load_parameters(ref_params), verify.load_parameters(params))

@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from memdiag._errors import UserError
-from memdiag.analyze.scaling import linear_fit
 from memdiag.formula import SparseGradientShape
 
 AVERAGE, SUM = "average", "sum"
@@ -341,3 +340,17 @@ def prediction_table(model: MemoryModel, rank_counts: list[int], modes: list[str
         "fitted_from_world_sizes": sorted(set(model.fitted_from)),
         "tensors": {name: vars(shape) for name, shape in model.tensors.items()},
     }
+
+
+def linear_fit(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
+    """Least-squares slope and intercept of y = slope * x + intercept (None under two points)."""
+    points = [(x, y) for x, y in zip(xs, ys) if y is not None]
+    if len({x for x, _ in points}) < 2:
+        return None
+    n = len(points)
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    sxx = sum((x - mean_x) ** 2 for x, _ in points)
+    sxy = sum((x - mean_x) * (y - mean_y) for x, y in points)
+    slope = sxy / sxx
+    return slope, mean_y - slope * mean_x

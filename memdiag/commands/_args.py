@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from memdiag.launch.options import DEFAULTS, SPOOLS
 from memdiag.policy import MODES
 
 
@@ -60,18 +61,20 @@ def add_launch_options(parser: argparse.ArgumentParser, default_steps: int) -> N
     """Options common to every verb that starts ranks."""
     parser.add_argument("--steps", type=positive_int("--steps"), default=default_steps,
                         help=f"training steps per run (default {default_steps})")
-    parser.add_argument("--preset", default="tiny", help="preset of a built-in workload (default tiny)")
+    parser.add_argument("--preset", default=DEFAULTS.preset,
+                        help=f"preset of a built-in workload (default {DEFAULTS.preset})")
     parser.add_argument("--set", dest="overrides", type=key_value, action="append", default=[],
                         metavar="KEY=VALUE", help="override one preset setting, e.g. --set vocab_size=33945")
-    parser.add_argument("--margin", type=positive_float("--margin"), default=1.0,
-                        help="auto: densify when gathered bytes exceed dense bytes x margin (default 1.0)")
+    parser.add_argument("--margin", type=positive_float("--margin"), default=DEFAULTS.margin,
+                        help=f"auto: densify when gathered bytes exceed dense bytes x margin (default {DEFAULTS.margin})")
     parser.add_argument("--hosts", help="hosts passed to mpirun -H, e.g. node1:4,node2:4")
     parser.add_argument("--timeout", type=positive_float("--timeout"), default=None, metavar="SECONDS",
                         help="end the job if it runs longer than this")
     parser.add_argument("--mem-limit", type=size_arg("--mem-limit"), default=None, metavar="SIZE",
                         help="per rank: kill a rank whose RSS passes SIZE (e.g. 1.5G), as a batch system does")
-    parser.add_argument("--seed", type=int, default=1234, help="seed of data and initial parameters")
-    parser.add_argument("--spool", choices=("shared", "local"), default="shared",
+    parser.add_argument("--seed", type=int, default=DEFAULTS.seed,
+                        help=f"seed of data and initial parameters (default {DEFAULTS.seed})")
+    parser.add_argument("--spool", choices=SPOOLS, default=DEFAULTS.spool,
                         help="shared: ranks write into the run directory; local: ranks write to "
                              "node-local storage and send their records to rank 0 at the end")
     parser.add_argument("--force", action="store_true", help="replace an existing output directory")

@@ -25,21 +25,17 @@ class CompareCommand:
         add_launch_options(parser, default_steps=5)
 
     def run(self, args: argparse.Namespace, script_args: list[str]) -> int:
-        from memdiag.compare import CompareRequest, run_compare
+        from memdiag.launch.options import LaunchOptions
+        from memdiag.launch.studies import CompareRequest, run_compare
         from memdiag.report.compare import print_compare
         from memdiag.units import parse_rank_list
 
-        request = CompareRequest(
-            target=args.target, rank_counts=parse_rank_list(args.ranks), modes=_modes(args.modes),
-            steps=args.steps, preset=args.preset, out=args.out, force=args.force, hosts=args.hosts,
-            timeout_s=args.timeout, margin=args.margin, seed=args.seed, script_args=script_args,
-            overrides=dict(args.overrides), spool=args.spool, fault=args.inject_fault,
-            memray=args.memray, horovod_timeline=args.horovod_timeline, mem_limit_bytes=args.mem_limit,
-            threads_per_rank=args.threads_per_rank, repeats=args.repeats,
-        )
+        request = CompareRequest(args.target, parse_rank_list(args.ranks), _modes(args.modes),
+                                 LaunchOptions.from_args(args, script_args), out=args.out, force=args.force,
+                                 repeats=args.repeats, fault=args.inject_fault)
         result = run_compare(request, Console(stderr=True))
         print_compare(result, Console())
-        Console().print(f"comparison directory: {request.out}")
+        Console().print(f"comparison directory: {result['directory']}")
         return 0 if result["all_ok"] and result["correctness"]["passed"] is not False else 1
 
 
@@ -58,8 +54,9 @@ def render_compare_dir(path: str, fmt: str) -> int:
     import json
     import os
 
-    with open(os.path.join(path, "compare.json"), encoding="utf-8") as f:
-        result = json.load(f)
+    from memdiag import rundir
+
+    result = rundir.read_json(os.path.join(path, rundir.COMPARE_FILE))
     if fmt == "json":
         print(json.dumps(result, indent=2))
     elif fmt == "markdown":

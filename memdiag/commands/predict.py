@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 from rich.console import Console
 
@@ -56,11 +55,9 @@ def load_summaries(path: str) -> list[dict]:
     from memdiag.analyze.summary import summarize
     from memdiag.collect import load_run
 
-    if os.path.exists(os.path.join(path, "compare.json")):
-        dirs = [os.path.join(path, d) for d in sorted(os.listdir(path))
-                if os.path.exists(os.path.join(path, d, "run.json")) and not d.startswith("verify")]
-    else:
-        dirs = [path]
+    from memdiag import rundir
+
+    dirs = rundir.runs_of(path) if rundir.kind(path) == rundir.COMPARISON else [path]
     summaries = []
     for run_dir in dirs:
         summaries.append(summarize(load_run(run_dir)))

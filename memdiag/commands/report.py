@@ -21,16 +21,16 @@ class ReportCommand:
                             help="also write PNG plots: memory.png for a run, peak-vs-ranks.png for a comparison")
 
     def run(self, args: argparse.Namespace, script_args: list[str]) -> int:
-        import os
 
         from memdiag.analyze.summary import summarize
         from memdiag.collect import load_run
 
+        from memdiag import rundir
         from memdiag._errors import UserError
 
         if args.output and args.format != "chrome":
             raise UserError("--output is where --format chrome writes its trace; add --format chrome or drop --output")
-        if os.path.exists(os.path.join(args.run_dir, "compare.json")):
+        if rundir.kind(args.run_dir) == rundir.COMPARISON:
             from memdiag.commands.compare import render_compare_dir
 
             if args.format == "chrome":

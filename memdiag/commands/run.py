@@ -23,26 +23,21 @@ class RunCommand:
         add_launch_options(parser, default_steps=5)
 
     def run(self, args: argparse.Namespace, script_args: list[str]) -> int:
-        from memdiag.collect import load_run
-        from memdiag.launch.session import RunRequest, execute
-        from memdiag.report.terminal import print_run
-        import json
         import os
 
-        request = RunRequest(
-            target=args.target, world_size=args.world_size, mode=args.mode, steps=args.steps,
-            preset=args.preset, out=args.out, force=args.force, hosts=args.hosts,
-            timeout_s=args.timeout, margin=args.margin, seed=args.seed, script_args=script_args,
-            overrides=dict(args.overrides), spool=args.spool, memray=args.memray,
-            horovod_timeline=args.horovod_timeline, mem_limit_bytes=args.mem_limit,
-            threads_per_rank=args.threads_per_rank,
-        )
+        from memdiag import rundir
+        from memdiag.collect import load_run
+        from memdiag.launch.options import LaunchOptions
+        from memdiag.launch.session import RunRequest, execute
+        from memdiag.report.terminal import print_run
+
+        request = RunRequest(args.target, args.world_size, args.mode, LaunchOptions.from_args(args, script_args),
+                             out=args.out, force=args.force)
         console = Console(stderr=True)
         with console.status(f"running {request.label} on {request.world_size} rank(s), mode {request.mode}"):
             out = execute(request)
         run = load_run(out)
-        with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
-            summary = json.load(f)
+        summary = rundir.read_json(os.path.join(out, rundir.SUMMARY))
         print_run(summary, run.manifest, Console())
         Console().print(f"run directory: {out}")
         if run.manifest.get("status") != "ok":
@@ -54,7 +49,9 @@ class RunCommand:
 def _print_log_tail(out: str, console: Console, lines: int = 15) -> None:
     import os
 
-    path = os.path.join(out, "mpirun.log")
+    from memdiag import rundir
+
+    path = os.path.join(out, rundir.MPIRUN_LOG)
     if os.path.exists(path):
         with open(path, encoding="utf-8", errors="replace") as f:
             tail = f.read().splitlines()[-lines:]

@@ -47,7 +47,9 @@ class ScaleCommand:
     def run(self, args: argparse.Namespace, script_args: list[str]) -> int:
         from memdiag._errors import UserError
         from memdiag.report.scale import print_scale
-        from memdiag.scale import ScaleRequest, analyze_dir, run_scale
+        from memdiag.analyze.scaling import analyze_dir
+        from memdiag.launch.options import LaunchOptions
+        from memdiag.launch.studies import ScaleRequest, run_scale
         from memdiag.units import parse_rank_list
 
         projection = _projection_request(args)
@@ -61,16 +63,11 @@ class ScaleCommand:
             raise UserError("name a workload (e.g. memdiag scale resnet50 --ranks 1,2 --weak) or give --from DIR")
         if not args.scaling:
             raise UserError("choose --weak (same batch per rank) or --strong (same global batch)")
-        request = ScaleRequest(
-            target=args.target, rank_counts=parse_rank_list(args.ranks, "--ranks"), scaling=args.scaling,
-            mode=args.mode, steps=args.steps, preset=args.preset, out=args.out, force=args.force,
-            hosts=args.hosts, timeout_s=args.timeout, margin=args.margin, seed=args.seed,
-            script_args=script_args, overrides=dict(args.overrides), spool=args.spool, memray=args.memray,
-            mem_limit_bytes=args.mem_limit, threads_per_rank=args.threads_per_rank,
-        )
+        request = ScaleRequest(args.target, parse_rank_list(args.ranks, "--ranks"), args.scaling, args.mode,
+                               LaunchOptions.from_args(args, script_args), out=args.out, force=args.force)
         result = run_scale(request, projection, Console(stderr=True))
         print_scale(result, Console())
-        Console().print(f"scale directory: {request.out}")
+        Console().print(f"scale directory: {result['directory']}")
         ok = all(row["status"] == "ok" for row in result["rows"]) and result["projection_error"] is None
         return 0 if ok else 1
 
@@ -78,7 +75,7 @@ class ScaleCommand:
 def _projection_request(args: argparse.Namespace):
     from memdiag._errors import UserError
     from memdiag.analyze import projection as model
-    from memdiag.scale import ProjectionRequest
+    from memdiag.analyze.scaling import ProjectionRequest
     from memdiag.units import parse_rank_list, parse_size
 
     asked = [flag for flag, value in (("--alpha", args.alpha), ("--beta", args.beta), ("--network", args.network),

@@ -9,6 +9,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from memdiag import rundir
+
 
 @dataclass
 class WorkloadContext:
@@ -55,7 +57,7 @@ def train(
         loss = float(train_step(step))
         tracer.end_step(step, loss=loss, items=items_per_step)
     if ctx.rank == 0 and ctx.run_dir is not None:
-        save_parameters(os.path.join(ctx.run_dir, "params.npz"), variables())
+        save_parameters(os.path.join(ctx.run_dir, rundir.PARAMETERS), variables())
 
 
 def save_parameters(path: str, variables: list) -> None:

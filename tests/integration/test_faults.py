@@ -14,8 +14,6 @@ pytestmark = pytest.mark.mpi
 
 def agents_of(run_id: str) -> list[str]:
     out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    from memdiag.agent.main import encode_config  # noqa: F401  (the config is base64 JSON)
-
     return [line for line in out.splitlines() if "memdiag.agent" in line and run_id in _decoded(line)]
 
 

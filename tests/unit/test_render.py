@@ -20,7 +20,7 @@ from memdiag.report.doctor import print_checks
 from memdiag.report.predict import print_prediction
 from memdiag.report.scale import print_scale
 from memdiag.report.terminal import print_run
-from memdiag.scale import ProjectionRequest, analyze_dir
+from memdiag.analyze.scaling import ProjectionRequest, analyze_dir
 from memdiag.units import format_bytes
 
 from tests.unit.fake_run import make_run

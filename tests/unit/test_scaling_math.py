@@ -11,8 +11,10 @@ from rich.console import Console
 from memdiag._errors import UserError
 from memdiag.analyze.projection import Network, scaling_efficiency, speedup
 from memdiag.report.scale import print_scale
-from memdiag.scale import (ProjectionRequest, ScaleRequest, add_ratios, build_result, covered_seconds,
-                           execution_intervals, read_timeline, study_warnings)
+from memdiag.analyze.scaling import (ProjectionRequest, add_ratios, build_result, covered_seconds,
+                                     execution_intervals, study_warnings, timeline_intervals)
+from memdiag.launch.options import LaunchOptions
+from memdiag.launch.studies import ScaleRequest
 
 
 def test_weak_efficiency_is_the_per_rank_throughput_ratio():
@@ -71,8 +73,8 @@ def test_a_truncated_timeline_keeps_its_complete_events(tmp_path):
     text = json.dumps(_timeline(1_000_000_000, [(0, 200_000, 500_000)]))
     path = tmp_path / "horovod-timeline.json"
     path.write_text(text[:-1] + ',{"ph": "B", "na')  # killed mid-event, array never closed
-    assert read_timeline(str(path)) == [(1000.2, 1000.5)]
-    assert read_timeline(str(tmp_path / "missing.json")) is None
+    assert timeline_intervals(str(path)) == [(1000.2, 1000.5)]
+    assert timeline_intervals(str(tmp_path / "missing.json")) is None
 
 
 def _scaling_row(n, cores_per_rank, per_host, cores=2, oversubscribed=False):
@@ -99,11 +101,11 @@ def test_strong_scaling_divides_the_presets_batch_by_the_rank_count():
     with pytest.raises(UserError, match="leaves nothing"):
         resnet.batch_overrides(8)
     # tiny Transformer: 256 tokens in sequences of 16; 256 // 3 = 85 -> 80, whole sequences
-    transformer = ScaleRequest("transformer", [1, 3], "strong", overrides={"d_model": "16"})
+    transformer = ScaleRequest("transformer", [1, 3], "strong", options=LaunchOptions(overrides={"d_model": "16"}))
     assert transformer.batch_overrides(3) == {"d_model": "16", "tokens_per_rank": "80"}
     assert ScaleRequest("transformer", [1, 2], "weak").batch_overrides(2) == {}
     with pytest.raises(UserError, match="no preset 'huge'"):
-        ScaleRequest("resnet50", [1, 2], "strong", preset="huge").batch_overrides(2)
+        ScaleRequest("resnet50", [1, 2], "strong", options=LaunchOptions(preset="huge")).batch_overrides(2)
     with pytest.raises(UserError, match="--strong needs a built-in workload"):
         ScaleRequest("examples/user_tape_eager.py", [1, 2], "strong").batch_overrides(2)
 

@@ -1,0 +1,70 @@
+"""What every verb that starts ranks shares: the launch options, stated and checked once.
+
+``memdiag run``, ``compare`` and ``scale`` each hold one :class:`LaunchOptions`; a study changes
+what differs per run with :func:`dataclasses.replace`, never by copying fields by name, so an
+option given on the command line reaches every run of the study or fails to type-check.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from memdiag._errors import UserError
+
+SPOOLS = ("shared", "local")
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    steps: int = 5
+    preset: str = "tiny"  # preset of a built-in workload (ignored for a script)
+    overrides: Mapping[str, str] = field(default_factory=dict)  # --set KEY=VALUE
+    script_args: tuple[str, ...] = ()  # what follows `--` on the command line
+    margin: float = 1.0  # auto: densify when gathered bytes exceed dense bytes x margin
+    seed: int = 1234
+    hosts: str | None = None  # mpirun -H, e.g. node1:4,node2:4
+    timeout_s: float | None = None
+    mem_limit_bytes: int | None = None  # per rank: a rank passing it is killed, as a batch system does
+    spool: str = "shared"  # shared: ranks write into the run directory; local: node-local, sent to rank 0
+    memray: bool = False  # a memray tracker (native stacks) in every rank
+    horovod_timeline: bool = False  # Horovod's own timeline, written by rank 0
+    threads_per_rank: int | None = None  # set TF's thread pools (a script's own are kept otherwise)
+    sample_interval_s: float = 0.005  # RSS sampling period of every rank
+
+    def __post_init__(self) -> None:
+        # A copy of its own: a study's runs cannot change each other's options.
+        object.__setattr__(self, "overrides", dict(self.overrides))
+        object.__setattr__(self, "script_args", tuple(self.script_args))
+
+    def validate(self) -> None:
+        """Checks that need no target; :func:`memdiag.launch.session.validate` checks the rest."""
+        from memdiag.launch import mpirun
+
+        if self.steps < 1:
+            raise UserError(f"--steps {self.steps}: run at least 1 step")
+        if self.margin <= 0:
+            raise UserError(f"--margin {self.margin}: the margin must be a positive factor, e.g. 1.0")
+        if self.spool not in SPOOLS:
+            raise UserError(f"--spool {self.spool!r}: choose one of {', '.join(SPOOLS)}")
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            raise UserError(f"--timeout {self.timeout_s}: give a positive number of seconds")
+        if self.mem_limit_bytes is not None and self.mem_limit_bytes <= 0:
+            raise UserError("--mem-limit must be a positive size, e.g. 1.5G")
+        if self.threads_per_rank is not None and self.threads_per_rank < 1:
+            raise UserError(f"--threads-per-rank {self.threads_per_rank}: give at least 1")
+        if self.hosts:
+            mpirun.parse_hosts(self.hosts)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, script_args: list[str]) -> LaunchOptions:
+        """The options of :func:`memdiag.commands._args.add_launch_options`, as parsed."""
+        return cls(steps=args.steps, preset=args.preset, overrides=dict(args.overrides),
+                   script_args=tuple(script_args), margin=args.margin, seed=args.seed, hosts=args.hosts,
+                   timeout_s=args.timeout, mem_limit_bytes=args.mem_limit, spool=args.spool,
+                   memray=args.memray, horovod_timeline=args.horovod_timeline,
+                   threads_per_rank=args.threads_per_rank)
+
+
+DEFAULTS = LaunchOptions()

@@ -1,0 +1,184 @@
+"""Studies made of several runs: ``memdiag compare`` (modes x rank counts) and ``memdiag scale``
+(rank counts, weak or strong).
+
+A study holds one :class:`LaunchOptions` and derives each run's request from it with
+:func:`dataclasses.replace`; every run is an ordinary ``memdiag run`` directory inside the study's
+directory. What the runs show together is worked out in :mod:`memdiag.analyze.compare` and
+:mod:`memdiag.analyze.scaling`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from memdiag import rundir
+from memdiag._errors import UserError
+from memdiag.analyze import compare as comparison
+from memdiag.analyze import scaling
+from memdiag.launch.options import LaunchOptions
+from memdiag.launch.session import RunRequest, execute, is_script, label, validate
+from memdiag.policy import AS_WRITTEN
+from memdiag.workloads import check as check_workload, configs
+
+# The preset setting that holds each built-in workload's per-rank batch (items per step).
+PER_RANK_BATCH = {"transformer": "tokens_per_rank", "mixed": "tokens_per_rank", "resnet50": "batch_per_rank"}
+
+_COLUMNS = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+
+
+def _progress(progress: Progress, task: TaskID) -> Callable[[int], None]:
+    """Tell ``task`` how many steps rank 0 has finished."""
+    return lambda done: progress.update(task, completed=done)
+
+
+# -- memdiag compare ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CompareRequest:
+    target: str
+    rank_counts: list[int]
+    modes: list[str]
+    options: LaunchOptions = field(default_factory=LaunchOptions)
+    out: str | None = None
+    force: bool = False
+    repeats: int = 1  # runs of each configuration, interleaved: the run-to-run spread is the noise
+    fault: str | None = None  # injected on purpose by tests of the verification
+
+    def run_request(self, world_size: int, mode: str, out: str) -> RunRequest:
+        return RunRequest(self.target, world_size, mode, self.options, out=out, fault=self.fault)
+
+    def check_request(self, world_size: int, out: str) -> RunRequest:
+        """The verification run: every IndexedSlices gradient reduced both ways and compared, one step.
+        Not a measured run (it reduces twice on purpose), so no memory limit and no memray."""
+        options = replace(self.options, steps=1, memray=False, mem_limit_bytes=None)
+        # A script runs as written (its op, compression, process set).
+        mode = AS_WRITTEN if is_script(self.target) else "sparse"
+        return RunRequest(self.target, world_size, mode, options, out=out, fault=self.fault, check_reduction=True)
+
+
+def run_compare(request: CompareRequest, console: Console) -> dict[str, Any]:
+    # Everything is checked before the first directory is made.
+    for n in request.rank_counts:
+        for mode in request.modes:
+            validate(request.run_request(n, mode, out=""))
+    out = request.out or rundir.new_dir_name(f"compare-{label(request.target)}")
+    rundir.prepare(out, request.force)
+    # Every configuration once, then again: a drift in the machine's load falls on all of them.
+    runs = [(r, n, mode) for r in range(request.repeats) for n in request.rank_counts for mode in request.modes]
+    verify_n = min((n for n in request.rank_counts if n > 1), default=None)
+    run_dirs: dict[tuple[int, str], list[str]] = {}
+    verify_dir = None
+    steps = request.options.steps
+    with Progress(*_COLUMNS, console=console, transient=True) as progress:
+        overall = progress.add_task("comparison", total=len(runs))
+        for r, n, mode in runs:
+            task = progress.add_task(f"  N={n} {mode}: steps", total=steps)
+            run_out = os.path.join(out, f"n{n}-{mode}" + (f"-r{r + 1}" if r else ""))
+            run_dirs.setdefault((n, mode), []).append(
+                execute(request.run_request(n, mode, run_out), on_steps=_progress(progress, task)))
+            progress.remove_task(task)
+            progress.advance(overall)
+            console.print(f"  finished N={n} {mode}" + (f" (repeat {r + 1})" if request.repeats > 1 else ""),
+                          highlight=False)
+        if verify_n is not None:
+            # A separate short run, kept apart so that its extra collectives never touch the measured runs.
+            progress.update(overall, description=f"reduction check at N={verify_n}")
+            verify_dir = execute(request.check_request(verify_n, os.path.join(out, f"verify-n{verify_n}")))
+    preset = None if is_script(request.target) else request.options.preset
+    result = comparison.build(label(request.target), preset, run_dirs, verify_dir)
+    result.update({"rank_counts": request.rank_counts, "modes": request.modes, "steps": steps,
+                   "repeats": request.repeats, "directory": out})
+    rundir.write_json(os.path.join(out, rundir.COMPARE_FILE), result)
+    return result
+
+
+# -- memdiag scale -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ScaleRequest:
+    target: str
+    rank_counts: list[int]
+    scaling: str  # "weak": same batch per rank; "strong": same global batch divided among the ranks
+    mode: str = "sparse"
+    options: LaunchOptions = field(default_factory=LaunchOptions)
+    out: str | None = None
+    force: bool = False
+
+    @property
+    def is_script(self) -> bool:
+        return is_script(self.target)
+
+    @property
+    def label(self) -> str:
+        return label(self.target)
+
+    def batch_overrides(self, world_size: int) -> dict[str, str]:
+        """The preset settings for one rank count: strong scaling divides the global batch by N."""
+        overrides = dict(self.options.overrides)
+        if self.scaling == "weak":
+            return overrides
+        if self.is_script or self.label not in PER_RANK_BATCH:
+            raise UserError(f"--strong needs a built-in workload ({', '.join(PER_RANK_BATCH)}); for a script, "
+                            "run --weak and pass the per-rank batch yourself")
+        check_workload(self.label, self.options.preset)
+        key = PER_RANK_BATCH[self.label]
+        config = configs.with_overrides(configs.PRESETS[self.label][self.options.preset], overrides)
+        total = getattr(config, key)
+        per_rank = total // world_size
+        if key == "tokens_per_rank":
+            # Whole sequences only, so that the tokens counted are the tokens trained on.
+            per_rank -= per_rank % config.seq_len
+        if per_rank < 1:
+            raise UserError(f"--strong: a global batch of {total} ({key}) leaves nothing for each of "
+                            f"{world_size} ranks; raise it with --set {key}=... or use fewer ranks")
+        return {**overrides, key: str(per_rank)}
+
+    def run_request(self, world_size: int, overrides: dict[str, str], out: str) -> RunRequest:
+        # Time in collectives is read from Horovod's timeline: always recorded in a scaling study.
+        options = replace(self.options, overrides=overrides, horovod_timeline=True)
+        return RunRequest(self.target, world_size, self.mode, options, out=out)
+
+
+def run_scale(request: ScaleRequest, projection: scaling.ProjectionRequest | None,
+              console: Console) -> dict[str, Any]:
+    """Run every rank count, write scale.json and return it."""
+    if len(set(request.rank_counts)) != len(request.rank_counts):
+        raise UserError(f"--ranks {','.join(map(str, request.rank_counts))}: give each rank count once")
+    rank_counts = sorted(request.rank_counts)
+    # Everything is checked before the first directory is made.
+    plans = {n: request.batch_overrides(n) for n in rank_counts}
+    for n in rank_counts:
+        validate(request.run_request(n, plans[n], out=""))
+    out = request.out or rundir.new_dir_name(f"scale-{request.label}-{request.scaling}")
+    rundir.prepare(out, request.force)
+    run_dirs: dict[int, str] = {}
+    with Progress(*_COLUMNS, console=console, transient=True) as progress:
+        overall = progress.add_task(f"{request.scaling} scaling", total=len(rank_counts))
+        for n in rank_counts:
+            task = progress.add_task(f"  N={n}: steps", total=request.options.steps)
+            run_dirs[n] = execute(request.run_request(n, plans[n], os.path.join(out, f"n{n}")),
+                                  on_steps=_progress(progress, task))
+            progress.remove_task(task)
+            progress.advance(overall)
+            console.print(f"  finished N={n}", highlight=False)
+    study = {
+        "workload": request.label,
+        "preset": None if request.is_script else request.options.preset,
+        "scaling": request.scaling,
+        "mode": request.mode,
+        "steps": request.options.steps,
+        "rank_counts": rank_counts,
+        "hosts": request.options.hosts,
+        "overrides": dict(request.options.overrides),
+        "batch_overrides": {str(n): plans[n] for n in rank_counts},
+        "mem_limit_bytes": request.options.mem_limit_bytes,
+    }
+    result = scaling.build_result(study, run_dirs, projection)
+    result["directory"] = out
+    rundir.write_json(os.path.join(out, rundir.SCALE_FILE), result)
+    return result

@@ -1,0 +1,172 @@
+"""The run directory: every file name in it, what kind of directory it is, and how it is written and read.
+
+Three kinds of directory, each named by the file that makes it what it is:
+
+- a run (``run.json``): one ``memdiag run``; ranks write ``rank-K.jsonl`` (records, docs/records.md),
+  ``rank-K.memray.bin`` with ``--memray``; rank 0 writes ``params.npz`` and, with a timeline,
+  ``horovod-timeline.json``; the launcher writes ``mpirun.log`` and, at the end, ``summary.json``;
+- a comparison (``compare.json``): one run directory per mode, rank count and repeat, plus ``verify-nN``;
+- a scaling study (``scale.json``): one run directory per rank count.
+
+JSON results are written atomically (a temporary file, then a rename), so a reader never sees half a
+file and an interrupted write leaves the previous one. Records are streamed by the ranks and read by
+:mod:`memdiag.collect`; Horovod's own timeline is read here, with one recovery rule for a file left
+unterminated by a rank that was killed.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+from typing import Any
+
+from memdiag._errors import UserError
+
+RUN_MANIFEST = "run.json"
+SUMMARY = "summary.json"
+COMPARE_FILE = "compare.json"
+SCALE_FILE = "scale.json"
+HOROVOD_TIMELINE = "horovod-timeline.json"
+MPIRUN_LOG = "mpirun.log"
+PARAMETERS = "params.npz"  # rank 0's trained parameters, for the correctness check
+RANK_FILE = re.compile(r"rank-(\d+)\.jsonl$")
+RANK_GLOB = "rank-*.jsonl"
+MEMRAY_SUFFIX = ".memray.bin"
+MEMRAY_GLOB = "rank-*" + MEMRAY_SUFFIX
+
+RUN, COMPARISON, SCALE = "run", "comparison", "scale"
+
+
+def rank_file(rank: int) -> str:
+    return f"rank-{rank}.jsonl"
+
+
+def memray_file(rank: int) -> str:
+    return f"rank-{rank}{MEMRAY_SUFFIX}"
+
+
+def kind(path: str) -> str | None:
+    """``comparison``, ``scale``, ``run``, or None for a directory memdiag did not write."""
+    for name, what in ((COMPARE_FILE, COMPARISON), (SCALE_FILE, SCALE), (RUN_MANIFEST, RUN)):
+        if os.path.isfile(os.path.join(path, name)):
+            return what
+    return None
+
+
+def runs_of(path: str) -> list[str]:
+    """The measured run directories inside a comparison or scaling study (verification runs left out),
+    or ``[path]`` for a run directory."""
+    if kind(path) == RUN:
+        return [path]
+    return [os.path.join(path, d) for d in sorted(os.listdir(path))
+            if kind(os.path.join(path, d)) == RUN and not d.startswith("verify")]
+
+
+def new_dir_name(label: str) -> str:
+    """``runs/LABEL-TIME``, with a counter when that exists already."""
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = os.path.join("runs", f"{label}-{stamp}")
+    path, k = base, 1
+    while os.path.exists(path):
+        k += 1
+        path = f"{base}-{k}"
+    return path
+
+
+def prepare(path: str, force: bool) -> None:
+    """Create the directory; never overwrite an existing one unless asked to."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise UserError(f"--out {path} exists and is not a directory; choose another path")
+        if os.listdir(path):
+            if not force:
+                raise UserError(f"--out {path} already exists; choose another path or add --force to replace it")
+            shutil.rmtree(path)
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, ".write-test")
+        with open(probe, "w") as f:
+            f.write("")
+        os.remove(probe)
+    except OSError as exc:
+        raise UserError(f"cannot write to --out {path} ({exc.strerror}); choose a writable directory") from None
+
+
+def write_json(path: str, value: Any, indent: int | None = 2) -> None:
+    """Write ``value`` as JSON atomically: readers see the old file or the new one, never a part."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(value, f, indent=indent, default=str, separators=None if indent else (",", ":"))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def read_json(path: str) -> Any:
+    """A JSON file of a run directory; a missing or damaged one is a one-line error."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise UserError(f"{path} is missing; the directory is incomplete or was not written by memdiag") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {path} ({exc.strerror})") from None
+    except (ValueError, UnicodeDecodeError):
+        raise UserError(f"{path} is not valid JSON; the directory is damaged") from None
+
+
+# -- Horovod's timeline ------------------------------------------------------------------------------
+
+@dataclass
+class Timeline:
+    """Horovod's Chrome-trace timeline, read as far as it goes."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+    complete: bool = True  # False: the array was never closed (Horovod still running, or a rank killed)
+    start_us: float | None = None  # wall-clock microseconds of Horovod's ts = 0, when the file says
+
+
+def parse_timeline(text: str) -> Timeline:
+    """Horovod writes its timeline incrementally: a JSON array that lacks its closing bracket until
+    Horovod shuts down, and whose last event can be cut short. Keep every complete event."""
+    decoder = json.JSONDecoder()
+    timeline = Timeline(complete=False)
+    i = len(text) - len(text.lstrip())
+    if not text[i:i + 1] == "[":
+        return timeline
+    i += 1
+    while i < len(text):
+        while i < len(text) and text[i] in " \t\r\n,":
+            i += 1
+        if i >= len(text):
+            break
+        if text[i] == "]":
+            timeline.complete = True
+            break
+        try:
+            event, i = decoder.raw_decode(text, i)
+        except ValueError:
+            break
+        if isinstance(event, dict):
+            timeline.events.append(event)
+    for event in timeline.events:
+        start = (event.get("args") or {}).get("start_time_since_epoch_in_micros") if event.get("ph") == "M" else None
+        if isinstance(start, (int, float)):
+            timeline.start_us = float(start)
+            break
+    return timeline
+
+
+def read_timeline(path: str) -> Timeline | None:
+    """The timeline at ``path``; None when there is none."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return parse_timeline(f.read())
+    except OSError:
+        return None

@@ -1,0 +1,101 @@
+"""One set of launch options: every option given to a study reaches every run of it, and the agent."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from memdiag._errors import UserError
+from memdiag.agent.config import AgentConfig
+from memdiag.cli import build_parser
+from memdiag.launch.options import DEFAULTS, LaunchOptions
+from memdiag.launch.session import RunRequest, agent_config
+from memdiag.launch.studies import CompareRequest, ScaleRequest
+
+# A value for every option that differs from its default.
+NON_DEFAULT = dict(steps=7, preset="small", overrides={"d_model": "16"}, script_args=("--lr", "0.1"), margin=1.5,
+                   seed=99, hosts="hostA:2,hostB:2", timeout_s=120.0, mem_limit_bytes=3 << 30, spool="local",
+                   memray=True, horovod_timeline=True, threads_per_rank=2, sample_interval_s=0.01)
+
+
+def test_the_table_of_non_default_values_covers_every_option():
+    names = {f.name for f in dataclasses.fields(LaunchOptions)}
+    assert set(NON_DEFAULT) == names
+    assert all(getattr(DEFAULTS, k) != v for k, v in NON_DEFAULT.items())
+
+
+def _changed(before: LaunchOptions, after: LaunchOptions) -> set[str]:
+    return {f.name for f in dataclasses.fields(LaunchOptions) if getattr(before, f.name) != getattr(after, f.name)}
+
+
+def test_every_option_of_a_comparison_reaches_each_measured_run():
+    options = LaunchOptions(**NON_DEFAULT)
+    request = CompareRequest("transformer", [1, 2], ["sparse", "dense"], options)
+    run = request.run_request(2, "dense", "out")
+    assert run.options == options and run.mode == "dense" and run.world_size == 2
+
+
+def test_the_verification_run_changes_only_what_it_must():
+    options = LaunchOptions(**NON_DEFAULT)
+    check = CompareRequest("transformer", [1, 2], ["sparse"], options).check_request(2, "out")
+    assert check.check_reduction
+    assert _changed(options, check.options) == {"steps", "memray", "mem_limit_bytes"}
+    assert check.options.steps == 1 and check.options.mem_limit_bytes is None
+
+
+def test_every_option_of_a_scaling_study_reaches_each_run_including_the_memory_limit():
+    # `scale --mem-limit` used to be accepted and dropped on the way to the runs.
+    options = LaunchOptions(**{**NON_DEFAULT, "horovod_timeline": False})
+    request = ScaleRequest("transformer", [1, 2], "weak", "dense", options)
+    run = request.run_request(2, {"d_model": "32"}, "out")
+    assert run.options.mem_limit_bytes == 3 << 30
+    # A study always records Horovod's timeline, and sets each rank count's batch: nothing else changes.
+    assert _changed(options, run.options) == {"overrides", "horovod_timeline"}
+
+
+def test_the_command_line_fills_every_option(tmp_path):
+    args = build_parser().parse_args([
+        "scale", "transformer", "--weak", "--steps", "7", "--preset", "small", "--set", "d_model=16",
+        "--margin", "1.5", "--seed", "99", "--hosts", "hostA:2,hostB:2", "--timeout", "120", "--mem-limit", "3G",
+        "--spool", "local", "--memray", "--horovod-timeline", "--threads-per-rank", "2"])
+    options = LaunchOptions.from_args(args, ["--lr", "0.1"])
+    # Only the sampling period has no flag.
+    assert _changed(LaunchOptions(**NON_DEFAULT), options) == {"sample_interval_s"}
+
+
+def test_the_agent_gets_each_option_it_uses_and_a_round_trip_keeps_them():
+    options = LaunchOptions(**NON_DEFAULT)
+    request = RunRequest("transformer", 2, "auto", options, fault="sum-densified", check_reduction=True)
+    config = agent_config(request, "abc", "/tmp/run")
+    for name in ("steps", "preset", "script_args", "margin", "seed", "spool", "memray", "mem_limit_bytes",
+                 "threads_per_rank", "sample_interval_s"):
+        assert getattr(config, name) == getattr(options, name), name
+    assert config.overrides == {"d_model": "16"} and config.mode == "auto" and config.fault == "sum-densified"
+    assert AgentConfig.decode(config.encode()) == config
+
+
+def test_an_agent_config_from_another_version_is_refused_with_the_reason():
+    import base64
+    import json
+
+    text = base64.urlsafe_b64encode(json.dumps({"run_id": "x"}).encode()).decode()
+    with pytest.raises(ValueError, match="different memdiag versions"):
+        AgentConfig.decode(text)
+
+
+def test_options_are_frozen_and_a_study_cannot_change_another_runs_options():
+    options = LaunchOptions(overrides={"d_model": "16"})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.steps = 3  # type: ignore[misc]
+    changed = dataclasses.replace(options, overrides={"d_model": "32"})
+    assert options.overrides == {"d_model": "16"} and changed.overrides == {"d_model": "32"}
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(steps=0), "--steps"), (dict(margin=0.0), "--margin"), (dict(spool="nfs"), "--spool"),
+    (dict(hosts="node1:0"), "--hosts"), (dict(timeout_s=-1.0), "--timeout"),
+])
+def test_bad_options_are_one_line_errors(bad, message):
+    with pytest.raises(UserError, match=message):
+        LaunchOptions(**bad).validate()
