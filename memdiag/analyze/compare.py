@@ -5,19 +5,20 @@ from __future__ import annotations
 import os
 import statistics
 from collections import defaultdict
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from memdiag import formula, rundir
 from memdiag._errors import UserError
 from memdiag.analyze import verify
 from memdiag.analyze.model import linear_fit
+from memdiag.schema import CompareRow
 
 
 def load_summary(run_dir: str) -> dict[str, Any]:
     return rundir.read_json(os.path.join(run_dir, rundir.SUMMARY))
 
 
-def table_row(summary: dict[str, Any], run_dir: str) -> dict[str, Any]:
+def table_row(summary: dict[str, Any], run_dir: str) -> CompareRow:
     ranks = summary["ranks"]
     step_times = [r["step_time_s"] for r in ranks if r["step_time_s"] is not None]
     return {
@@ -42,9 +43,9 @@ def table_row(summary: dict[str, Any], run_dir: str) -> dict[str, Any]:
     }
 
 
-def growth(rows: list[dict[str, Any]], key: str, min_world_size: int = 1) -> dict[str, float | None]:
+def growth(rows: Sequence[Mapping[str, Any]], key: str, min_world_size: int = 1) -> dict[str, float | None]:
     """Per mode: the fitted increase of ``key`` per added rank, over rows with N >= min_world_size."""
-    by_mode: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_mode: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for row in rows:
         if row["world_size"] >= min_world_size:
             by_mode[row["mode"]].append(row)
@@ -180,7 +181,7 @@ def _losses(summary: dict[str, Any]) -> list[float | None]:
     return [s["loss_mean"] for s in summary.get("steps_detail", [])]
 
 
-def headline(rows: list[dict[str, Any]]) -> str | None:
+def headline(rows: Sequence[Mapping[str, Any]]) -> str | None:
     """When a memory limit killed some runs and not others, that is the news."""
     killed = [r for r in rows if (r.get("failure") or {}).get("kind") == "mem-limit"]
     if not killed:
@@ -228,7 +229,7 @@ def build(target: str, preset: str | None, run_dirs: Mapping[tuple[int, str], st
     return result
 
 
-def with_repeats(row: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
+def with_repeats(row: CompareRow, runs: list[dict[str, Any]]) -> CompareRow:
     """A row's peak as the median over repeated runs, with their spread (max - min)."""
     peaks = [r.get("steady_peak_rss_bytes_max") or r.get("peak_rss_bytes_max") for r in runs
              if r.get("status") == "ok"]
@@ -242,7 +243,7 @@ def with_repeats(row: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, A
     return row
 
 
-def noise(rows: list[dict[str, Any]]) -> float | None:
+def noise(rows: Sequence[Mapping[str, Any]]) -> float | None:
     """The run-to-run noise of a per-rank peak: the largest spread over the repeated configurations."""
     spreads = [r["peak_spread_bytes"] for r in rows if r.get("peak_spread_bytes") is not None]
     return max(spreads) if spreads else None

@@ -48,3 +48,19 @@ def test_docs_and_tests_name_no_particular_machine_or_absolute_path(path):
     text = path.read_text()
     assert not MACHINE.search(text), "name a machine by its size, e.g. a 2-core, 24 GiB machine"
     assert not [m.group(0) for m in ABSOLUTE.finditer(text)], "give paths relative to the project"
+
+
+def test_every_record_field_the_code_declares_is_documented():
+    """memdiag.schema declares the records; docs/records.md must name each type and each of its fields."""
+    from memdiag.schema import RECORD_CLASSES, RECORD_TYPES
+
+    rows = {}
+    for line in (ROOT / "docs" / "records.md").read_text().splitlines():
+        match = re.match(r"\|\s*`(\w+)`\s*\|", line)
+        if match:
+            rows[match.group(1)] = line
+    assert set(RECORD_TYPES) <= set(rows), sorted(set(RECORD_TYPES) - set(rows))
+    for kind, cls in RECORD_CLASSES.items():
+        fields = set(cls.__annotations__) - {"type", "rank", "t"}
+        missing = sorted(f for f in fields if f"`{f}`" not in rows[kind])
+        assert not missing, f"docs/records.md, type {kind}: undocumented {missing}"

@@ -67,7 +67,7 @@ def test_the_command_line_fills_every_option(tmp_path):
 def test_the_agent_gets_each_option_it_uses_and_a_round_trip_keeps_them():
     options = LaunchOptions(**NON_DEFAULT)
     request = RunRequest("transformer", 2, "auto", options, fault="sum-densified", check_reduction=True)
-    config = agent_config(request, "abc", "/tmp/run")
+    config = agent_config(request, "abc", "run-dir")
     for name in ("steps", "preset", "script_args", "margin", "seed", "spool", "memray", "mem_limit_bytes",
                  "threads_per_rank", "sample_interval_s"):
         assert getattr(config, name) == getattr(options, name), name

@@ -1,0 +1,191 @@
+"""The shapes of what memdiag writes: the records of ``rank-K.jsonl`` and the results built from them.
+
+These are :class:`typing.TypedDict` s, so that a type checker follows a record from the reader
+(:mod:`memdiag.collect`) to the analysis, and a misspelt field is an error before it is a ``KeyError``.
+The records are written by the ranks as plain JSON objects; docs/records.md is the reference for
+users and is kept in step with this module (tests/unit/test_docs.py checks that each record type
+documented here is documented there).
+
+Every record has ``type``, ``rank`` and ``t`` (Unix time); a field a rank did not write is absent,
+hence ``total=False`` beyond the fields every record of a type carries.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+
+class _Record(TypedDict):
+    type: str
+    rank: int
+    t: float
+
+
+class StartRecord(_Record, total=False):
+    size: int
+    local_size: int
+    host: str
+    pid: int
+    mode: str
+    versions: dict[str, str | None]
+    cpu_count: int
+
+
+class StepRecord(_Record, total=False):
+    step: int
+    t_start: float
+    t_end: float
+    step_time_s: float
+    peak_rss_bytes: int
+    hwm_bytes: int
+    compute_peak_rss_bytes: int | None
+    collective_peak_rss_bytes: int | None
+    peak_phase: str | None
+    collective_live_peak_bytes: int
+    loss: float
+    items: int
+    param_digest: str
+
+
+class MemRecord(_Record, total=False):
+    step: int
+    times: list[float]
+    rss: list[int]
+
+
+class CollectiveRecord(_Record, total=False):
+    step: int
+    op: str
+    name: str
+    part: str | None
+    dtype: str
+    itemsize: int
+    shape_in: list[int]
+    shape_out: list[int]
+    bytes_in: int
+    bytes_out: int
+    sparse: bool
+    densified: bool
+    grouped: bool
+    gradient: bool
+    reduce_op: str | None
+    process_set_size: int | None
+
+
+class PolicyRecord(_Record, total=False):
+    step: int
+    name: str
+    mode: str
+    decision: str
+    reason: str
+    world_size: int
+    script_sparse_as_dense: bool | None
+    overridden: bool
+    local_rows: int | None
+    rows_per_rank: int | None
+    gathered_bytes: int | None
+    dense_bytes: int
+    row_bytes: int
+    index_bytes: int
+    dense_rows: int
+    row_elements: int
+
+
+class ReductionCheckRecord(_Record, total=False):
+    step: int
+    name: str
+    reduce_op: str
+    compression: str
+    max_abs_diff: float
+    max_rel_diff: float
+    scale: float
+    skipped: str
+
+
+class WaitingRecord(_Record, total=False):
+    step: int
+    op: str
+    name: str
+    part: str | None
+    bytes_out: int
+    since: float
+
+
+class KilledRecord(_Record, total=False):
+    reason: str
+    step: int
+    rss_bytes: int
+    limit_bytes: int
+    hwm_bytes: int
+    in_flight: dict[str, Any] | None
+    received_this_step: list[dict[str, Any]]
+
+
+class EndRecord(_Record, total=False):
+    status: str  # ok / error / environment
+    error: str | None
+    hwm_bytes: int
+
+
+# Every record type a rank writes; those with a class above have their fields declared there.
+RECORD_TYPES = ("start", "choices", "collective", "policy", "params_initial", "params_final", "mem", "step",
+                "reduction_check", "waiting", "killed", "end")
+RECORD_CLASSES: dict[str, type] = {
+    "start": StartRecord, "step": StepRecord, "mem": MemRecord, "collective": CollectiveRecord,
+    "policy": PolicyRecord, "reduction_check": ReductionCheckRecord, "waiting": WaitingRecord,
+    "killed": KilledRecord, "end": EndRecord,
+}
+
+
+# -- results -----------------------------------------------------------------------------------------
+
+class RankSummary(TypedDict, total=False):
+    """One rank of ``summary.json`` ``ranks``."""
+
+    rank: int
+    status: str
+    host: str | None
+    steps_completed: int
+    last_step: int | None
+    peak_rss_bytes: int | None
+    hwm_bytes: int | None
+    allgather_bytes_per_step: int
+    allreduce_bytes_per_step: int
+    collective_bytes_per_step: int
+    step_time_s: float | None
+    steady: bool
+    steady_from_step: int | None
+    steady_peak_rss_bytes: int | None
+    first_step_peak_rss_bytes: int | None
+    compute_peak_rss_bytes: int | None
+    collective_peak_rss_bytes: int | None
+    collective_live_peak_bytes: int | None
+    compute_rise_bytes: int | None
+    collective_rise_bytes: int | None
+    peak_phase: str | None
+    error: str | None
+    killed: KilledRecord | None
+
+
+class CompareRow(TypedDict, total=False):
+    """One (rank count, mode, repeat) row of ``compare.json`` ``rows``: maxima over the run's ranks."""
+
+    world_size: int
+    mode: str
+    status: str
+    peak_rss_bytes_max: float  # the steady-state peak; with --repeats, the median over the repeats
+    peak_spread_bytes: float | None  # with --repeats: max - min over the repeats (the noise)
+    repeats: int
+    first_step_peak_rss_bytes: int | None
+    steady: bool | None
+    peak_phase: str | None
+    compute_peak_rss_bytes: int | None
+    collective_peak_rss_bytes: int | None
+    collective_live_peak_bytes: int | None
+    collective_bytes_per_rank: int
+    allgather_bytes_per_rank: int
+    allreduce_bytes_per_rank: int
+    step_time_s: float | None
+    throughput_items_per_s: float | None
+    run_dir: str
+    failure: dict[str, Any] | None
