@@ -45,6 +45,7 @@ class StepRecord(_Record, total=False):
     loss: float
     items: int
     param_digest: str
+    warmup: bool  # a step added by --max-warmup
 
 
 class MemRecord(_Record, total=False):

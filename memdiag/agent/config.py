@@ -35,6 +35,7 @@ class AgentConfig:
     memray: bool
     mem_limit_bytes: int | None
     threads_per_rank: int | None
+    max_warmup: int  # built-in workloads: extra steps allowed until the per-step peak settles
 
     @property
     def is_script(self) -> bool:

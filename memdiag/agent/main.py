@@ -237,6 +237,7 @@ def _run_workload(config: AgentConfig, tracer: Tracer, hvd: Any, spool: str) -> 
         overrides=config.overrides,
         run_dir=spool,
         check_params=config.check_params,
+        max_warmup=config.max_warmup,
     )
     if config.workload == "resnet50":
         from memdiag.workloads import resnet

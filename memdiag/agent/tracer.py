@@ -54,6 +54,7 @@ class Tracer:
         self._window: list[float | None] = [None, None]  # the step's collective window (start, end)
         self._live_bytes = 0
         self.on_step_end: list[Callable[[int], dict[str, Any] | None]] = []
+        self.step_peaks: list[int] = []  # peak RSS of each training step (step >= 0), in order
 
     # -- steps -------------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
@@ -95,6 +96,8 @@ class Tracer:
             if self.on_step_end:
                 self.sampler.restart_peak()  # what the hooks allocated belongs to no step
             record.update({k: _finite(v) for k, v in extra.items()})
+            if step >= 0:
+                self.step_peaks.append(peak)
             if times:
                 self.writer.add({"type": "mem", "step": step, "times": times, "rss": rss})
             self.writer.add(record)

@@ -16,13 +16,13 @@ than compute did afterwards.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 STEADY_TOLERANCE = 0.01
 REGIME_TOLERANCE = 0.01
 
 
-def steady_start(peaks: list[int | float]) -> tuple[int, bool]:
+def steady_start(peaks: Sequence[float]) -> tuple[int, bool]:
     """(index of the first steady step, whether the peaks settled at all)."""
     for k in range(1, len(peaks)):
         if abs(peaks[k] - peaks[k - 1]) <= STEADY_TOLERANCE * peaks[k - 1]:

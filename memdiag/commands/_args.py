@@ -21,6 +21,19 @@ def positive_int(what: str):
     return parse
 
 
+def non_negative_int(what: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be a whole number, got {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{what} must be 0 or more, got {value}")
+        return value
+
+    return parse
+
+
 def positive_float(what: str):
     def parse(text: str) -> float:
         try:
@@ -57,7 +70,8 @@ def key_value(text: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
-def add_launch_options(parser: argparse.ArgumentParser, default_steps: int) -> None:
+def add_launch_options(parser: argparse.ArgumentParser, default_steps: int,
+                       default_warmup: int = DEFAULTS.max_warmup) -> None:
     """Options common to every verb that starts ranks."""
     parser.add_argument("--steps", type=positive_int("--steps"), default=default_steps,
                         help=f"training steps per run (default {default_steps})")
@@ -84,6 +98,9 @@ def add_launch_options(parser: argparse.ArgumentParser, default_steps: int) -> N
     parser.add_argument("--threads-per-rank", type=positive_int("--threads-per-rank"), default=None,
                         metavar="K", help="set TensorFlow's intra-op threads per rank to K (inter-op 1); "
                                           "a script's own thread settings are kept otherwise")
+    parser.add_argument("--max-warmup", type=non_negative_int("--max-warmup"), default=default_warmup,
+                        metavar="K", help="built-in workloads: after --steps, up to K more steps while the per-step "
+                                          f"peak has not settled (within 1%%) on every rank (default {default_warmup})")
     parser.add_argument("--horovod-timeline", action="store_true",
                         help="record Horovod's own timeline (rank 0) into the run directory")
 

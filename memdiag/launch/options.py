@@ -32,6 +32,9 @@ class LaunchOptions:
     horovod_timeline: bool = False  # Horovod's own timeline, written by rank 0
     threads_per_rank: int | None = None  # set TF's thread pools (a script's own are kept otherwise)
     sample_interval_s: float = 0.005  # RSS sampling period of every rank
+    # Built-in workloads: after --steps, up to this many more steps while any rank's per-step peak
+    # has not settled (two consecutive steps within 1%, memdiag.analyze.steady).
+    max_warmup: int = 0
 
     def __post_init__(self) -> None:
         # A copy of its own: a study's runs cannot change each other's options.
@@ -52,6 +55,8 @@ class LaunchOptions:
             raise UserError(f"--timeout {self.timeout_s}: give a positive number of seconds")
         if self.mem_limit_bytes is not None and self.mem_limit_bytes <= 0:
             raise UserError("--mem-limit must be a positive size, e.g. 1.5G")
+        if self.max_warmup < 0:
+            raise UserError(f"--max-warmup {self.max_warmup}: give 0 (no warm-up steps) or more")
         if self.threads_per_rank is not None and self.threads_per_rank < 1:
             raise UserError(f"--threads-per-rank {self.threads_per_rank}: give at least 1")
         if self.hosts:
@@ -64,7 +69,7 @@ class LaunchOptions:
                    script_args=tuple(script_args), margin=args.margin, seed=args.seed, hosts=args.hosts,
                    timeout_s=args.timeout, mem_limit_bytes=args.mem_limit, spool=args.spool,
                    memray=args.memray, horovod_timeline=args.horovod_timeline,
-                   threads_per_rank=args.threads_per_rank)
+                   threads_per_rank=args.threads_per_rank, max_warmup=args.max_warmup)
 
 
 DEFAULTS = LaunchOptions()

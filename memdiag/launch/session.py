@@ -120,6 +120,7 @@ def agent_config(request: RunRequest, run_id: str, run_dir: str) -> AgentConfig:
         memray=options.memray,
         mem_limit_bytes=options.mem_limit_bytes,
         threads_per_rank=options.threads_per_rank,
+        max_warmup=options.max_warmup,
     )
 
 

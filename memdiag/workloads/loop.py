@@ -25,6 +25,7 @@ class WorkloadContext:
     overrides: dict[str, str]
     run_dir: str | None  # where rank 0 saves the final parameters (None: not visible)
     check_params: bool
+    max_warmup: int = 0  # extra steps allowed while the per-step peak has not settled
 
 
 def parameter_digest(variables: list) -> str:
@@ -42,7 +43,12 @@ def train(
     broadcast: Callable[[], None],
     items_per_step: int,
 ) -> None:
-    """Broadcast from rank 0, then ``ctx.steps`` steps; each step flushed with loss and digest."""
+    """Broadcast from rank 0, then ``ctx.steps`` steps; each step flushed with loss and digest.
+
+    Then, while the per-step peak of any rank has not settled (memdiag.analyze.steady's rule), up to
+    ``ctx.max_warmup`` more steps: every rank takes part in the decision (one max-allreduce), so all
+    run the same steps. The parameters compared between modes are saved after ``ctx.steps`` steps,
+    whatever the warm-up added."""
     import horovod.tensorflow as hvd  # noqa: F401  (initialised by the agent)
 
     tracer = ctx.tracer
@@ -58,6 +64,22 @@ def train(
         tracer.end_step(step, loss=loss, items=items_per_step)
     if ctx.rank == 0 and ctx.run_dir is not None:
         save_parameters(os.path.join(ctx.run_dir, rundir.PARAMETERS), variables())
+    step = ctx.steps
+    while step < ctx.steps + ctx.max_warmup and not _all_settled(tracer.step_peaks):
+        tracer.begin_step(step)
+        loss = float(train_step(step))
+        tracer.end_step(step, loss=loss, items=items_per_step, warmup=True)
+        step += 1
+
+
+def _all_settled(peaks: list[int]) -> bool:
+    """Whether every rank's per-step peak has settled: one max-allreduce of "not yet" (memdiag's own,
+    under its recording hook), so that every rank runs the same steps."""
+    from memdiag.analyze.steady import steady_start
+    from memdiag.densify import agree_max_rows
+
+    settled = len(peaks) >= 2 and steady_start(peaks)[1]
+    return agree_max_rows(0 if settled else 1, None, "warmup") == 0
 
 
 def save_parameters(path: str, variables: list) -> None:

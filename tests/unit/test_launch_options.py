@@ -16,7 +16,7 @@ from memdiag.launch.studies import CompareRequest, ScaleRequest
 # A value for every option that differs from its default.
 NON_DEFAULT = dict(steps=7, preset="small", overrides={"d_model": "16"}, script_args=("--lr", "0.1"), margin=1.5,
                    seed=99, hosts="hostA:2,hostB:2", timeout_s=120.0, mem_limit_bytes=3 << 30, spool="local",
-                   memray=True, horovod_timeline=True, threads_per_rank=2, sample_interval_s=0.01)
+                   memray=True, horovod_timeline=True, threads_per_rank=2, sample_interval_s=0.01, max_warmup=6)
 
 
 def test_the_table_of_non_default_values_covers_every_option():
@@ -58,7 +58,7 @@ def test_the_command_line_fills_every_option(tmp_path):
     args = build_parser().parse_args([
         "scale", "transformer", "--weak", "--steps", "7", "--preset", "small", "--set", "d_model=16",
         "--margin", "1.5", "--seed", "99", "--hosts", "hostA:2,hostB:2", "--timeout", "120", "--mem-limit", "3G",
-        "--spool", "local", "--memray", "--horovod-timeline", "--threads-per-rank", "2"])
+        "--spool", "local", "--memray", "--horovod-timeline", "--threads-per-rank", "2", "--max-warmup", "6"])
     options = LaunchOptions.from_args(args, ["--lr", "0.1"])
     # Only the sampling period has no flag.
     assert _changed(LaunchOptions(**NON_DEFAULT), options) == {"sample_interval_s"}
@@ -69,7 +69,7 @@ def test_the_agent_gets_each_option_it_uses_and_a_round_trip_keeps_them():
     request = RunRequest("transformer", 2, "auto", options, fault="sum-densified", check_reduction=True)
     config = agent_config(request, "abc", "run-dir")
     for name in ("steps", "preset", "script_args", "margin", "seed", "spool", "memray", "mem_limit_bytes",
-                 "threads_per_rank", "sample_interval_s"):
+                 "threads_per_rank", "sample_interval_s", "max_warmup"):
         assert getattr(config, name) == getattr(options, name), name
     assert config.overrides == {"d_model": "16"} and config.mode == "auto" and config.fault == "sum-densified"
     assert AgentConfig.decode(config.encode()) == config

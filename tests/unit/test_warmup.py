@@ -1,0 +1,72 @@
+"""Warm-up: a built-in workload runs more steps, up to --max-warmup, while its per-step peak has not
+settled; every rank runs the same steps, and the parameters compared between modes are those after
+--steps steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from memdiag.workloads import loop
+
+
+class FakeTracer:
+    """Per-step peaks from a script of values, as the agent's tracer would measure them."""
+
+    def __init__(self, peaks: list[int]) -> None:
+        self.script = list(peaks)
+        self.step_peaks: list[int] = []
+        self.steps: list[tuple[int, bool]] = []
+        self.on_step_end: list = []
+
+    def begin_step(self, step: int) -> None:
+        self.step = step
+
+    def end_step(self, step: int, **extra) -> None:
+        if step >= 0:
+            self.step_peaks.append(self.script[step])
+            self.steps.append((step, bool(extra.get("warmup"))))
+
+
+def _train(monkeypatch, peaks, steps, max_warmup, other_ranks_settled=True):
+    saved_after: list[int] = []
+    agreements: list[int] = []
+
+    def agree(value, process_set, name):
+        agreements.append(value)
+        return max(value, 0 if other_ranks_settled else 1)
+
+    monkeypatch.setattr("memdiag.densify.agree_max_rows", agree)
+    monkeypatch.setattr(loop, "save_parameters", lambda path, variables: saved_after.append(len(tracer.steps)))
+    tracer = FakeTracer(peaks)
+    ctx = loop.WorkloadContext(tracer=tracer, rank=0, size=2, steps=steps, seed=1, preset="tiny", overrides={},
+                               run_dir="run", check_params=False, max_warmup=max_warmup)
+    loop.train(ctx, variables=lambda: [], train_step=lambda step: 0.0, broadcast=lambda: None, items_per_step=1)
+    return tracer.steps, saved_after, agreements
+
+
+def test_steps_are_added_until_two_consecutive_peaks_are_within_one_percent(monkeypatch):
+    # 100 -> 120 -> 150 -> 151: settled at the fourth step (151 within 1% of 150)
+    steps, saved_after, _ = _train(monkeypatch, [100, 120, 150, 151, 152, 153], steps=2, max_warmup=3)
+    assert steps == [(0, False), (1, False), (2, True), (3, True)]
+    assert saved_after == [2]  # parameters saved after the requested steps, before the warm-up
+
+
+def test_the_warm_up_is_capped(monkeypatch):
+    steps, _, _ = _train(monkeypatch, [100, 200, 300, 400, 500, 600], steps=2, max_warmup=2)
+    assert [s for s, _ in steps] == [0, 1, 2, 3]
+
+
+def test_no_step_is_added_when_the_peaks_settled_or_no_warm_up_is_allowed(monkeypatch):
+    steps, _, agreements = _train(monkeypatch, [100, 100, 100], steps=2, max_warmup=3)
+    assert steps == [(0, False), (1, False)] and agreements == [0]
+    steps, _, agreements = _train(monkeypatch, [100, 200, 300], steps=2, max_warmup=0)
+    assert steps == [(0, False), (1, False)] and agreements == []
+
+
+@pytest.mark.parametrize("settled_here", [True, False])
+def test_a_rank_whose_peaks_settled_still_runs_while_another_has_not(monkeypatch, settled_here):
+    # Every rank runs the same steps: the decision is the max of "not yet" over the ranks.
+    peaks = [100, 100, 100, 100, 100] if settled_here else [100, 200, 300, 400, 500]
+    steps, _, agreements = _train(monkeypatch, peaks, steps=2, max_warmup=2, other_ranks_settled=False)
+    assert [s for s, _ in steps] == [0, 1, 2, 3]
+    assert agreements[0] == (0 if settled_here else 1)
