@@ -13,65 +13,17 @@ origin as Unix time). memdiag's records and Horovod's timeline both use the wall
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from memdiag.collect import HOROVOD_TIMELINE, Run
+from memdiag.collect import Run
+from memdiag.rundir import HOROVOD_TIMELINE, Timeline, read_timeline, write_json
 from memdiag.report.terminal import common_scope, short_name
 
 HOROVOD_PID_BASE = 100_000  # Horovod's own pids start here, clear of the ranks' pids
 STEPS_TID, COLLECTIVES_TID = 1, 2
 DEFAULT_TRACE = "trace.json"
-
-
-@dataclass
-class Timeline:
-    """Horovod's timeline file, read as far as it goes."""
-
-    events: list[dict[str, Any]] = field(default_factory=list)
-    complete: bool = True
-    start_us: float | None = None  # wall-clock µs of Horovod's ts = 0, when the file says
-
-
-def parse_timeline(text: str) -> Timeline:
-    """Horovod writes its timeline incrementally: a JSON array that lacks its closing bracket until
-    Horovod shuts down, and whose last event can be cut short. Keep every complete event."""
-    decoder = json.JSONDecoder()
-    timeline = Timeline(complete=False)
-    i = len(text) - len(text.lstrip())
-    if not text[i:i + 1] == "[":
-        return timeline
-    i += 1
-    while i < len(text):
-        while i < len(text) and text[i] in " \t\r\n,":
-            i += 1
-        if i >= len(text):
-            break
-        if text[i] == "]":
-            timeline.complete = True
-            break
-        try:
-            event, i = decoder.raw_decode(text, i)
-        except ValueError:
-            break
-        if isinstance(event, dict):
-            timeline.events.append(event)
-    for event in timeline.events:
-        start = (event.get("args") or {}).get("start_time_since_epoch_in_micros") if event.get("ph") == "M" else None
-        if isinstance(start, (int, float)):
-            timeline.start_us = float(start)
-            break
-    return timeline
-
-
-def read_timeline(path: str) -> Timeline | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return parse_timeline(f.read())
-    except OSError:
-        return None
 
 
 def _us(seconds: float, origin: float) -> float:
@@ -220,9 +172,6 @@ def write_chrome_trace(run: Run, path: str | None = None) -> TraceSummary:
     path = path or os.path.join(run.path, DEFAULT_TRACE)
     timeline = read_timeline(os.path.join(run.path, HOROVOD_TIMELINE))
     trace, notes = chrome_trace(run, timeline)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(trace, f, separators=(",", ":"))
-    os.replace(tmp, path)
+    write_json(path, trace, indent=None)
     horovod = sum(1 for e in trace["traceEvents"] if e["pid"] >= HOROVOD_PID_BASE)
     return TraceSummary(path, len(trace["traceEvents"]), len(run.ranks), horovod, tuple(notes))

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from memdiag.collect import HOROVOD_TIMELINE, load_run
-from memdiag.report.trace import HOROVOD_PID_BASE, chrome_trace, parse_timeline, write_chrome_trace
+from memdiag.report.trace import HOROVOD_PID_BASE, chrome_trace, write_chrome_trace
+from memdiag.rundir import parse_timeline
 from tests.helpers import memdiag
 from tests.unit.fake_run import make_run
 
