@@ -1,4 +1,4 @@
-"""The byte formula for Horovod's two ways of reducing a gradient.
+"""The byte formula for the three ways of reducing an IndexedSlices gradient.
 
 One fact in one place: the policy, the prediction model and the reports all call these functions.
 
@@ -11,6 +11,14 @@ A dense gradient (or an IndexedSlices converted to dense) goes through one allre
 the size of the variable, whatever the number of ranks::
 
     dense allreduce bytes = dense_rows x row_bytes
+
+Between the two, memdiag's ``dedup`` first sums the rows of equal index on each rank (``tf.unique`` and
+``tf.math.unsorted_segment_sum``), then gathers only the distinct rows (U <= T, U_max the most of any
+rank, since every rank's gathered buffer is sized by Horovod's allgatherv to the sum of all ranks')::
+
+    merged gathered bytes per rank <= N x U_max x (row_bytes + index_bytes)
+
+(exactly N x U_max x ... when every rank has U_max distinct rows; the sum over ranks in general).
 """
 
 from __future__ import annotations
@@ -30,6 +38,12 @@ def gathered_bytes(world_size: int, rows_per_rank: int, row_bytes: int, index_by
 def gathered_values_bytes(world_size: int, rows_per_rank: int, row_bytes: int) -> int:
     """The values part alone of :func:`gathered_bytes` (the buffer that dominates)."""
     return world_size * rows_per_rank * row_bytes
+
+
+def merged_bytes(world_size: int, distinct_rows: int, row_bytes: int, index_bytes: int) -> int:
+    """Bytes each rank receives when the duplicate rows are summed first and only the ``distinct_rows``
+    (the most of any rank) are gathered: the allgather formula on U rows instead of T."""
+    return gathered_bytes(world_size, distinct_rows, row_bytes, index_bytes)
 
 
 def dense_bytes(dense_rows: int, row_bytes: int) -> int:
@@ -57,6 +71,7 @@ class SparseGradientShape:
     index_bytes: int
     dense_rows: int
     row_elements: int = 0  # elements per row: what MPI's 32-bit counts count
+    distinct_rows: int | None = None  # U: distinct indices per rank (the most of any rank); None: not measured
 
     def overflow_ranks(self) -> int | None:
         """Smallest N whose gathered values no longer fit in MPI's 32-bit counts."""
@@ -65,6 +80,12 @@ class SparseGradientShape:
 
     def gathered(self, world_size: int) -> int:
         return gathered_bytes(world_size, self.rows_per_rank, self.row_bytes, self.index_bytes)
+
+    def merged(self, world_size: int) -> int | None:
+        """Gathered bytes after duplicates are summed; None when the distinct rows were not measured."""
+        if self.distinct_rows is None:
+            return None
+        return merged_bytes(world_size, self.distinct_rows, self.row_bytes, self.index_bytes)
 
     def dense(self) -> int:
         return dense_bytes(self.dense_rows, self.row_bytes)

@@ -1,52 +1,93 @@
-"""Which way to reduce each IndexedSlices gradient: allgather (sparse) or dense allreduce.
+"""Which way to reduce each IndexedSlices gradient: allgather, merge-then-allgather, or dense allreduce.
 
 ``as-written`` keeps what the script asked for (Horovod's ``sparse_as_dense``, False by default): memdiag
 observes and changes nothing. ``sparse`` and ``dense`` are explicit overrides (Horovod's default path and
-its all-or-nothing ``sparse_as_dense=True``). ``auto`` decides per tensor from :mod:`memdiag.formula`, so
-it is never worse than the better of the two.
+its all-or-nothing ``sparse_as_dense=True``). ``dedup`` sums the rows of equal index on each rank first,
+then lets Horovod gather only the distinct rows. ``auto`` decides per tensor from :mod:`memdiag.formula`,
+choosing the cheapest of the three in gathered bytes.
 
 Invariant: a decision changes which collective every rank issues, so it must be the same on every rank
-of the process set. ``auto`` therefore decides from the largest row count over those ranks (agreed by
-the caller, see :class:`memdiag.densify.DensifyPolicy`), never from one rank's own rows.
+of the process set. ``auto`` therefore decides from the largest row count, and the largest distinct row
+count, over those ranks (agreed by the caller, see :class:`memdiag.densify.DensifyPolicy`), never from
+one rank's own.
+
+The distinct rows U depend on the data and are measured at the first step only: ``auto`` chooses
+``dedup`` only if it still beats both others with U x ``DEDUP_GUARD`` (capped at the T rows, which U can
+never exceed), so that U may grow by that factor in later steps before the choice stops being the
+cheapest. U is recorded every step (``distinct_rows`` records) so a report can show when it does.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from memdiag.formula import SparseGradientShape
 from memdiag.units import format_bytes
 
 AS_WRITTEN = "as-written"
-MODES = (AS_WRITTEN, "sparse", "dense", "auto")
+MODES = (AS_WRITTEN, "sparse", "dense", "auto", "dedup")
+REDUCTIONS = ("sparse", "dedup", "dense")  # allgather, merge then allgather, dense allreduce
 DEFAULT_MARGIN = 1.0
+# auto picks dedup only if it wins with the first step's U times this (capped at T): U may grow by 25%.
+DEDUP_GUARD = 1.25
+
+
+def guarded_distinct_rows(distinct_rows: int, rows_per_rank: int, guard: float = DEDUP_GUARD) -> int:
+    """The distinct row count auto plans for: U x guard, rounded up, never more than the T rows."""
+    return min(rows_per_rank, math.ceil(distinct_rows * guard))
 
 
 @dataclass(frozen=True)
 class Decision:
     """The policy's choice for one gradient, with the figures behind it.
 
-    ``shape.rows_per_rank`` is the agreed row count (the largest over the ranks); ``local_rows`` is
-    this rank's own. ``script_densifies`` is what the script asked for (its ``sparse_as_dense``).
+    ``reduction`` is one of :data:`REDUCTIONS`. ``shape.rows_per_rank`` is the agreed row count (the
+    largest over the ranks), ``shape.distinct_rows`` the agreed distinct row count (None: not measured);
+    ``local_rows`` and ``local_distinct_rows`` are this rank's own. ``script_densifies`` is what the
+    script asked for (its ``sparse_as_dense``).
     """
 
     name: str
-    densify: bool
+    reduction: str
     reason: str
     world_size: int
     shape: SparseGradientShape | None = None
     script_densifies: bool = False
     local_rows: int | None = None
     mode: str = AS_WRITTEN
+    local_distinct_rows: int | None = None
+    guard: float = DEDUP_GUARD
+
+    @property
+    def densify(self) -> bool:
+        return self.reduction == "dense"
+
+    @property
+    def merge(self) -> bool:
+        return self.reduction == "dedup"
 
     @property
     def overridden(self) -> bool:
         """True when this run reduces the tensor otherwise than the script asked."""
-        return self.densify != self.script_densifies
+        return self.reduction != ("dense" if self.script_densifies else "sparse")
 
     @property
     def gathered_bytes(self) -> int | None:
         return None if self.shape is None else self.shape.gathered(self.world_size)
+
+    @property
+    def merged_bytes(self) -> int | None:
+        return None if self.shape is None else self.shape.merged(self.world_size)
+
+    @property
+    def guarded_merged_bytes(self) -> int | None:
+        """The merged bytes auto compared: with U x guard (capped at T)."""
+        shape = self.shape
+        if shape is None or shape.distinct_rows is None:
+            return None
+        rows = guarded_distinct_rows(shape.distinct_rows, shape.rows_per_rank, self.guard)
+        return replace(shape, distinct_rows=rows).merged(self.world_size)
 
     @property
     def dense_bytes(self) -> int | None:
@@ -58,15 +99,20 @@ class Decision:
             "type": "policy",
             "name": self.name,
             "mode": self.mode,
-            "decision": "dense" if self.densify else "sparse",
+            "decision": self.reduction,
             "reason": self.reason,
             "world_size": self.world_size,
             "script_sparse_as_dense": self.script_densifies,
             "overridden": self.overridden,
             "local_rows": self.local_rows,
+            "local_distinct_rows": self.local_distinct_rows,
             "gathered_bytes": self.gathered_bytes,
+            "merged_bytes": self.merged_bytes,
+            "guarded_merged_bytes": self.guarded_merged_bytes,
+            "dedup_guard": self.guard,
             "dense_bytes": self.dense_bytes,
             "rows_per_rank": None if shape is None else shape.rows_per_rank,
+            "distinct_rows": None if shape is None else shape.distinct_rows,
             "row_bytes": None if shape is None else shape.row_bytes,
             "index_bytes": None if shape is None else shape.index_bytes,
             "dense_rows": None if shape is None else shape.dense_rows,
@@ -82,34 +128,54 @@ def decide(
     margin: float = DEFAULT_MARGIN,
     script_densifies: bool = False,
     local_rows: int | None = None,
+    local_distinct_rows: int | None = None,
+    guard: float = DEDUP_GUARD,
 ) -> Decision:
     """Decide how to reduce the IndexedSlices gradient ``name`` on ``world_size`` ranks.
 
-    ``shape`` carries the row count agreed over all ranks; it is None when no row count could be had
-    (``auto`` then keeps the script's choice and says why).
-    ``margin`` > 1 keeps the sparse path until the gathered bytes exceed the dense size by that factor.
+    ``shape`` carries the row count (and, if measured, the distinct row count) agreed over all ranks;
+    it is None when no row count could be had (``auto`` then keeps the script's choice and says why).
+    ``margin`` > 1 keeps the gathered paths until they exceed the dense size by that factor; ``guard``
+    is the growth of U that ``dedup`` must survive to be chosen (see :data:`DEDUP_GUARD`).
+    Ties go to the path that changes least: allgather, then merging, then dense.
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}")
 
-    def made(densify: bool, reason: str, with_shape: SparseGradientShape | None = shape) -> Decision:
-        return Decision(name, densify, reason, world_size, with_shape, script_densifies, local_rows, mode)
+    def made(reduction: str, reason: str, with_shape: SparseGradientShape | None = shape) -> Decision:
+        return Decision(name, reduction, reason, world_size, with_shape, script_densifies, local_rows, mode,
+                        local_distinct_rows, guard)
 
     asked = f"the script asked for sparse_as_dense={script_densifies}"
     if mode == AS_WRITTEN:
-        return made(script_densifies, f"as written: {asked}")
+        return made("dense" if script_densifies else "sparse", f"as written: {asked}")
     if mode == "sparse":
-        return made(False, "mode sparse: Horovod's allgather path" + ("" if not script_densifies else f"; {asked}"))
+        return made("sparse", "mode sparse: Horovod's allgather path" + ("" if not script_densifies else f"; {asked}"))
     if mode == "dense":
-        return made(True, "mode dense: every IndexedSlices densified" + ("" if script_densifies else f"; {asked}"))
+        return made("dense", "mode dense: every IndexedSlices densified" + ("" if script_densifies else f"; {asked}"))
+    if mode == "dedup":
+        return made("dedup", "mode dedup: duplicate rows summed on each rank, then allgather of the distinct rows"
+                    + ("" if not script_densifies else f"; {asked}"))
     if shape is None:
-        return made(script_densifies, f"auto: row count unknown; kept what {asked[4:]}", None)
+        return made("dense" if script_densifies else "sparse",
+                    f"auto: row count unknown; kept what {asked[4:]}", None)
     gathered, dense = shape.gathered(world_size), shape.dense()
-    densify = gathered > margin * dense
-    relation = ">" if densify else "<="
     margin_text = "" if margin == 1.0 else f" x {margin:g}"
-    reason = (
-        f"auto: gathered {format_bytes(gathered)} (N={world_size} x {shape.rows_per_rank} rows, "
-        f"the most of any rank) {relation} dense {format_bytes(dense)}{margin_text}"
-    )
-    return made(densify, reason)
+    costs = {"sparse": float(gathered), "dense": margin * dense}
+    parts = {"sparse": f"allgather {format_bytes(gathered)} (N={world_size} x {shape.rows_per_rank} rows, "
+                       f"the most of any rank)",
+             "dense": f"dense {format_bytes(dense)}{margin_text}"}
+    if shape.distinct_rows is not None:
+        planned = guarded_distinct_rows(shape.distinct_rows, shape.rows_per_rank, guard)
+        merged = replace(shape, distinct_rows=planned).merged(world_size)
+        assert merged is not None
+        costs["dedup"] = float(merged)
+        parts["dedup"] = (f"merged {format_bytes(merged)} (N={world_size} x {planned} rows: "
+                          f"{shape.distinct_rows} distinct, the most of any rank, x guard {guard:g})")
+    chosen = min((r for r in REDUCTIONS if r in costs), key=lambda r: costs[r])  # stable: ties to the earlier
+    others = [r for r in REDUCTIONS if r in costs and r != chosen]
+    relations = ", ".join(f"{'<' if costs[chosen] < costs[r] else '<='} {parts[r]}" for r in others)
+    reason = f"auto: {parts[chosen]} {relations}"
+    if shape.distinct_rows is None:
+        reason += "; distinct rows not measured, merging not considered"
+    return made(chosen, reason)

@@ -56,3 +56,62 @@ def test_auto_is_never_worse_than_the_better_of_sparse_and_dense(n, rows, row_by
     d = decide("auto", "t", n, shape)
     chosen = shape.dense() if d.densify else shape.gathered(n)
     assert chosen == min(shape.dense(), shape.gathered(n))
+
+
+def test_merged_bytes_gather_the_distinct_rows_only():
+    # GIVEN the reference embedding (5000 tokens, rows of 1024 float32, int32 ids), 1633 distinct ids
+    from memdiag.formula import merged_bytes
+
+    # THEN merging gathers N x 1633 rows of 4096 + 4 bytes: 8 x 1633 x 4100 = 53,562,400 at N = 8
+    assert merged_bytes(8, 1633, 4096, 4) == 53_562_400
+    shape = SparseGradientShape(5000, 4096, 4, 33945, 1024, distinct_rows=1633)
+    assert shape.merged(8) == 53_562_400 and shape.gathered(8) == 164_000_000
+    assert SparseGradientShape(5000, 4096, 4, 33945).merged(8) is None  # U not measured
+
+
+def test_auto_merges_between_the_two_crossovers_at_the_reference_sizes():
+    # dense 33945 x 4096 = 139,038,720 B. Unmerged: 5000 x 4100 = 20.5 MB per rank, passes dense at N = 7.
+    # Merged with U = 1633 x guard 1.25 -> 2042 rows = 8,372,200 B per rank: passes dense at N = 17.
+    shape = SparseGradientShape(5000, 4096, 4, 33945, 1024, distinct_rows=1633)
+    assert [decide("auto", "e", n, shape).reduction for n in (1, 7, 16, 17)] == ["dedup", "dedup", "dedup", "dense"]
+    d = decide("auto", "e", 16, shape)
+    assert d.guarded_merged_bytes == 16 * 2042 * 4100 and d.merged_bytes == 16 * 1633 * 4100
+    assert d.as_record()["decision"] == "dedup" and d.as_record()["distinct_rows"] == 1633
+    assert d.as_record()["dedup_guard"] == 1.25 and "guard 1.25" in d.reason
+
+
+def test_the_guard_keeps_allgather_when_merging_saves_little():
+    # U = 900 of T = 1000: guarded 1125 -> capped at 1000 = T, so merging would gather as much: allgather
+    shape = SparseGradientShape(1000, 64, 4, 10**6, 16, distinct_rows=900)
+    assert decide("auto", "e", 4, shape).reduction == "sparse"
+    assert decide("auto", "e", 4, shape, guard=1.0).reduction == "dedup"
+
+
+def test_mode_dedup_merges_whatever_the_sizes():
+    shape = SparseGradientShape(rows_per_rank=10, row_bytes=16, index_bytes=8, dense_rows=4)
+    d = decide("dedup", "emb", 64, shape)
+    assert d.merge and not d.densify and d.overridden and d.reduction == "dedup"
+
+
+@given(
+    n=st.integers(1, 4096),
+    rows=st.integers(0, 10**6),
+    distinct_fraction=st.floats(0.0, 1.0),
+    row_bytes=st.integers(1, 65536),
+    index_bytes=st.sampled_from([4, 8]),
+    dense_rows=st.integers(1, 10**7),
+)
+def test_auto_picks_the_cheapest_of_three_with_u_times_the_guard(n, rows, distinct_fraction, row_bytes,
+                                                                  index_bytes, dense_rows):
+    import math
+
+    from memdiag.policy import DEDUP_GUARD
+
+    distinct = int(rows * distinct_fraction)
+    shape = SparseGradientShape(rows, row_bytes, index_bytes, dense_rows, distinct_rows=distinct)
+    d = decide("auto", "t", n, shape)
+    # computed here from the definitions, not from the policy's helpers
+    planned = min(rows, math.ceil(distinct * DEDUP_GUARD))
+    costs = {"sparse": n * rows * (row_bytes + index_bytes), "dedup": n * planned * (row_bytes + index_bytes),
+             "dense": dense_rows * row_bytes}
+    assert costs[d.reduction] == min(costs.values())
