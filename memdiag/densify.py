@@ -1,8 +1,9 @@
-"""The densify policy applied to live TensorFlow gradients (the agent's hooks and the public API).
+"""The reduction policy applied to live TensorFlow gradients (the agent's hooks and the public API).
 
 :mod:`memdiag.policy` decides from sizes; this module reads the sizes off an ``IndexedSlices``
-gradient, agrees on them across the ranks, keeps each tensor's decision (made once, at the first step,
-for the whole job) and converts.
+gradient (its rows T and, where the indices are concrete, its distinct rows U), agrees on them across
+the ranks, keeps each tensor's decision (made once, at the first step, for the whole job) and converts:
+densifies, or merges duplicate rows (:func:`merge_duplicates`).
 
 Agreement: in ``auto`` every rank contributes its row count to one max-allreduce (8 bytes, through
 Horovod's own op, on the gradient's process set) the first time a tensor is seen, so every rank decides
@@ -23,6 +24,27 @@ from memdiag.formula import SparseGradientShape
 from memdiag.policy import Decision, decide
 
 UNKNOWN_ROWS = -1
+
+
+def merge_duplicates(grad: tf.IndexedSlices, drop: bool = False) -> tf.IndexedSlices:
+    """The same gradient with the rows of equal index summed: one row per distinct index (U <= T), in
+    order of first appearance, with the same dense shape. Summation order changes, so the result agrees
+    with the unmerged reduction to rounding. ``drop`` (a deliberate fault) keeps the first row of each
+    index instead of the sum."""
+    unique, segments = tf.unique(grad.indices)
+    count = tf.shape(unique)[0]
+    if drop:
+        positions = tf.range(tf.shape(grad.indices, out_type=segments.dtype)[0])
+        first = tf.math.unsorted_segment_min(positions, segments, count)
+        values = tf.gather(grad.values, first)
+    else:
+        values = tf.math.unsorted_segment_sum(grad.values, segments, count)
+    return tf.IndexedSlices(values, unique, grad.dense_shape)
+
+
+def distinct_rows(indices: Any) -> Any:
+    """U: how many distinct indices (a tensor; an int when eager)."""
+    return tf.size(tf.unique(tf.reshape(indices, [-1])).y)
 
 
 class DensifyPolicy:
@@ -51,29 +73,42 @@ class DensifyPolicy:
                 else self.world_size()
             shape = sparse_shape(grad, var)
             local_rows = None if shape is None else shape.rows_per_rank
+            # U is known here only when the indices are concrete (eager code); in a graph it is measured
+            # when the step runs (see the hooks' run-time decision).
+            local_distinct = int(distinct_rows(grad.indices)) if tf.executing_eagerly() \
+                and self.mode in ("auto", "dedup") else None
+            if shape is not None and local_distinct is not None:
+                shape = replace(shape, distinct_rows=local_distinct)
             if self.mode == "auto" and world > 1:
                 # Every rank takes part, known rows or not, so nobody waits alone.
                 rows = self.agree(UNKNOWN_ROWS if local_rows is None else local_rows, process_set, name)
                 shape = None if shape is None or rows == UNKNOWN_ROWS else replace(shape, rows_per_rank=rows)
-            decision = decide(self.mode, name, world, shape, self.margin, script_densifies, local_rows)
+                if local_distinct is not None:
+                    distinct = self.agree(local_distinct, process_set, name + ":distinct")
+                    shape = None if shape is None else replace(shape, distinct_rows=distinct)
+            decision = decide(self.mode, name, world, shape, self.margin, script_densifies, local_rows,
+                              local_distinct)
             self.decisions[name] = decision
             if self.on_decision is not None:
                 self.on_decision(decision)
         return self.decisions[name]
 
     def needs_run_time(self, grad: tf.IndexedSlices, var: Any, process_set: Any = None) -> bool:
-        """``auto`` inside a graph whose row count is only known when the step runs (a batch of
-        unknown size): the decision is then made at the first step, see the hooks."""
+        """``auto`` inside a graph: the distinct rows U (and, for a batch of unknown size, the rows T)
+        are only known when the step runs, so the decision is made at the first step, see the hooks."""
         world = _set_size(process_set) if process_set is not None or self.world_size is None else self.world_size()
         return (self.mode == "auto" and world > 1 and not tf.executing_eagerly() and self.fault is None
-                and sparse_shape(grad, var) is None and row_shape(grad, var) is not None)
+                and row_shape(grad, var) is not None)
 
     def decide_rows(self, name: str, shape: SparseGradientShape, local_rows: int, agreed_rows: int,
-                    script_densifies: bool, world: int) -> Decision:
-        """The decision for a tensor whose rows were measured when the step ran (and agreed)."""
+                    script_densifies: bool, world: int, local_distinct: int | None = None,
+                    agreed_distinct: int | None = None) -> Decision:
+        """The decision for a tensor whose rows (and distinct rows) were measured when the step ran,
+        and agreed."""
         if name not in self.decisions:
-            decision = decide(self.mode, name, world, replace(shape, rows_per_rank=agreed_rows), self.margin,
-                              script_densifies, local_rows)
+            shape = replace(shape, rows_per_rank=agreed_rows, distinct_rows=agreed_distinct)
+            decision = decide(self.mode, name, world, shape, self.margin, script_densifies, local_rows,
+                              local_distinct)
             decision = replace(decision, reason=decision.reason + "; rows measured when the first step ran")
             self.decisions[name] = decision
             if self.on_decision is not None:
@@ -88,16 +123,26 @@ class DensifyPolicy:
             dense = dense * tf.cast(world, dense.dtype)
         return dense
 
+    def merge(self, grad: tf.IndexedSlices) -> tf.IndexedSlices:
+        return merge_duplicates(grad, drop=self.fault == "drop-duplicates")
+
+    def reduce(self, grad: tf.IndexedSlices, decision: Decision) -> Any:
+        """The gradient as the decision hands it to Horovod: densified, merged, or as it is."""
+        if decision.densify:
+            return self.densify(grad)
+        if decision.merge:
+            return self.merge(grad)
+        return grad
+
     def apply(self, grads: list[Any], variables: list[Any] | None, process_set: Any = None,
               script_densifies: bool = False) -> list[Any]:
-        """Gradients with every IndexedSlices the policy densifies converted to a dense tensor."""
+        """Gradients with every IndexedSlices converted as the policy decides: densified, merged or kept."""
         out = list(grads)
         for i, grad in enumerate(out):
             if isinstance(grad, tf.IndexedSlices):
                 var = variables[i] if variables is not None else None
                 name = getattr(var, "name", None) or f"grad_{i}"
-                if self.decide(name, grad, var, script_densifies, process_set).densify:
-                    out[i] = self.densify(grad)
+                out[i] = self.reduce(grad, self.decide(name, grad, var, script_densifies, process_set))
         return out
 
 

@@ -29,6 +29,9 @@ AS_WRITTEN = "as-written"
 MODES = (AS_WRITTEN, "sparse", "dense", "auto", "dedup")
 REDUCTIONS = ("sparse", "dedup", "dense")  # allgather, merge then allgather, dense allreduce
 DEFAULT_MARGIN = 1.0
+# Deliberately wrong reductions, for tests of the verification: densified gradients summed instead of
+# averaged; duplicate rows dropped (the first kept) instead of summed when merging.
+FAULTS = ("sum-densified", "drop-duplicates")
 # auto picks dedup only if it wins with the first step's U times this (capped at T): U may grow by 25%.
 DEDUP_GUARD = 1.25
 

@@ -31,13 +31,14 @@ import math
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
 
-from memdiag.densify import DensifyPolicy, row_shape
+from memdiag.densify import DensifyPolicy, distinct_rows, row_shape
 from memdiag.policy import Decision
 
 # Frames under these folders are not a user's call site: installed packages, the standard library, memdiag.
@@ -52,6 +53,7 @@ class Origin:
     name: str
     sparse: bool = False
     densified: bool = False
+    merged: bool = False  # duplicate rows summed before the allgather (dedup)
     gradient: bool = False  # a gradient reduction: the anchor of a script's steps
     reduce_op: str | None = None  # average, sum, adasum, min, max, product
     process_set_size: int | None = None  # ranks taking part; None: all
@@ -230,7 +232,11 @@ class CollectiveHooks:
                         decision = self.policy.decide(name, grad, var, script_densifies, process_set)
                         if decision.densify:
                             grads[i] = self.policy.densify(grad)
-                        origin = replace(origin, sparse=True, densified=decision.densify)
+                        elif decision.merge:
+                            grads[i] = self._merge(name, grad)
+                        elif self.policy.mode != "as-written":
+                            self._record_distinct(name, grad)
+                        origin = replace(origin, sparse=True, densified=decision.densify, merged=decision.merge)
                     origins[i] = origin
                 if not self._initial_recorded and self.variables:
                     # Before the first update: equal between two runs only if the script seeds itself.
@@ -255,12 +261,15 @@ class CollectiveHooks:
 
     def _reduce_at_run_time(self, origin: Origin, grad: tf.IndexedSlices, var: Any, script_densifies: bool,
                             kwargs: dict[str, Any]) -> Any:
-        """``auto`` for a gradient whose row count the graph does not know: at the first step every rank
-        measures its rows, they agree on the largest (a max-allreduce), the policy decides, and the
-        decision, kept in a variable, picks the branch of a ``tf.cond`` at every step. The dense branch's
-        result reaches the optimizer as IndexedSlices over every row (``tf.cond`` gives both branches
-        one type): the same update."""
+        """``auto`` in a graph, where the distinct rows U (and for a batch of unknown size the rows T)
+        are only known when the step runs: at the first step every rank measures T and U, they agree
+        on the largest of each (one max-allreduce of the pair), the policy decides, and the decision,
+        kept in a variable, picks the branch of a ``tf.switch_case`` at every step: allgather, merge
+        then allgather, or dense allreduce. The dense branch's result reaches the optimizer as
+        IndexedSlices over every row (the branches return one type): the same update."""
         import horovod.tensorflow as hvd
+
+        from memdiag.policy import REDUCTIONS
 
         name, process_set = origin.name, kwargs.get("process_set")
         world = _set_size(process_set) or self.world_size()
@@ -272,30 +281,84 @@ class CollectiveHooks:
             self._run_time_flags[name] = flag
 
         def decide(local, agreed):
-            decision = self.policy.decide_rows(name, shape, int(local), int(agreed), script_densifies, world)
-            return np.int64(decision.densify)
+            local, agreed = local.numpy().tolist(), agreed.numpy().tolist()
+            decision = self.policy.decide_rows(name, shape, local[0], agreed[0], script_densifies, world,
+                                               local[1], agreed[1])
+            return np.int64(REDUCTIONS.index(decision.reduction))
 
         def first_step():
-            rows = tf.shape(grad.values, out_type=tf.int64)[0]
+            rows = tf.stack([tf.shape(grad.values, out_type=tf.int64)[0],
+                             tf.cast(distinct_rows(grad.indices), tf.int64)])
             agreed = _horovod_op("_allreduce")(rows, op=hvd.Max, process_set=process_set or hvd.global_process_set,
                                                name="memdiag_agree_" + _op_safe(name))
             chosen = tf.py_function(decide, [rows, agreed], Tout=tf.int64, name="memdiag_decide")
             chosen.set_shape([])
             return flag.assign(chosen, read_value=True)
 
-        densify = tf.cond(flag < 0, first_step, flag.read_value) > 0
+        choice = tf.cond(flag < 0, first_step, flag.read_value)
 
         def dense():
+            self._record_distinct(name, grad)
             with self._queued([replace(origin, densified=True)]):
                 reduced = sys.modules["horovod.tensorflow"].allreduce(self.policy.densify(grad), **kwargs)
             rows = tf.range(tf.shape(reduced, out_type=grad.indices.dtype)[0])
             return tf.IndexedSlices(reduced, rows, grad.dense_shape)
 
+        def merged():
+            with self._queued([replace(origin, merged=True)]):
+                return sys.modules["horovod.tensorflow"].allreduce(self._merge(name, grad), **kwargs)
+
         def sparse():
+            self._record_distinct(name, grad)
             with self._queued([origin]):
                 return sys.modules["horovod.tensorflow"].allreduce(grad, **kwargs)
 
-        return tf.cond(densify, dense, sparse)
+        branches = {"sparse": sparse, "dedup": merged, "dense": dense}
+        return tf.switch_case(tf.cast(choice, tf.int32), [branches[r] for r in REDUCTIONS])
+
+    def _merge(self, name: str, grad: tf.IndexedSlices) -> tf.IndexedSlices:
+        """The gradient with its duplicate rows summed, and a ``distinct_rows`` record of T, U and the
+        time the merge took (unique + segment sum, from its inputs being ready to its outputs)."""
+        if tf.executing_eagerly():
+            start = time.perf_counter()
+            merged = self.policy.merge(grad)
+            _ = merged.values.numpy()
+            self._emit_distinct(name, int(grad.indices.shape[0]), int(merged.indices.shape[0]),
+                                time.perf_counter() - start)
+            return merged
+        with tf.control_dependencies([grad.values, grad.indices]):
+            start = tf.py_function(_now, [], Tout=tf.float64, name="memdiag_merge_start")
+        with tf.control_dependencies([start]):
+            merged = self.policy.merge(grad)
+        with tf.control_dependencies([merged.values, merged.indices]):
+            end = tf.py_function(_now, [], Tout=tf.float64, name="memdiag_merge_end")
+        rows = tf.shape(grad.indices, out_type=tf.int64)[0]
+        distinct = tf.shape(merged.indices, out_type=tf.int64)[0]
+
+        def emit(t, u, t0, t1):
+            self._emit_distinct(name, int(t), int(u), float(t1) - float(t0))
+            return []
+
+        with tf.control_dependencies([end]):
+            tf.py_function(emit, [rows, distinct, start, end], Tout=[], name="memdiag_distinct_rows")
+        return merged
+
+    def _record_distinct(self, name: str, grad: tf.IndexedSlices) -> None:
+        """A ``distinct_rows`` record of T and U for a gradient that is not merged (U counted only)."""
+        if tf.executing_eagerly():
+            self._emit_distinct(name, int(grad.indices.shape[0]), int(distinct_rows(grad.indices)), None)
+            return
+
+        def emit(t, u):
+            self._emit_distinct(name, int(t), int(u), None)
+            return []
+
+        tf.py_function(emit, [tf.shape(grad.indices, out_type=tf.int64)[0], distinct_rows(grad.indices)],
+                       Tout=[], name="memdiag_distinct_rows")
+
+    def _emit_distinct(self, name: str, rows: int, distinct: int, merge_s: float | None) -> None:
+        self.tracer.writer.add({"type": "distinct_rows", "step": self.tracer.step, "name": name, "rows": rows,
+                                "distinct_rows": distinct, "merge_s": merge_s})
 
     def _wrap_allreduce(self, original: Callable) -> Callable:
         signature = _signature(original)
@@ -308,7 +371,9 @@ class CollectiveHooks:
                 decision = self.policy.decide(origin.name, tensor, None, False, arguments.get("process_set"))
                 if decision.densify:
                     tensor = self.policy.densify(tensor)
-                    origin = replace(origin, densified=True)
+                elif decision.merge:
+                    tensor = self._merge(origin.name, tensor)
+                origin = replace(origin, densified=decision.densify, merged=decision.merge)
             sparse = isinstance(tensor, tf.IndexedSlices)
             with self._current([] if sparse else [origin], [origin] if sparse else []):
                 return original(tensor, *args, **kwargs)
@@ -328,7 +393,9 @@ class CollectiveHooks:
                     decision = self.policy.decide(origin.name, tensor, None, False, arguments.get("process_set"))
                     if decision.densify:
                         tensors[i] = self.policy.densify(tensor)
-                        origin = replace(origin, densified=True)
+                    elif decision.merge:
+                        tensors[i] = self._merge(origin.name, tensor)
+                    origin = replace(origin, densified=decision.densify, merged=decision.merge)
                 (sparse if isinstance(tensors[i], tf.IndexedSlices) else dense).append(origin)
             with self._current(dense, sparse):
                 return original(tensors, *args, **kwargs)
@@ -353,8 +420,9 @@ class CollectiveHooks:
 
     def _compare_reductions(self, name: str, grad: tf.IndexedSlices, op: Any, compression: Any,
                             process_set: Any) -> None:
-        """Reduce the same gradient both ways, with the script's op, compression and process set,
-        and record how far the dense results differ."""
+        """Reduce the same gradient three ways, with the script's op, compression and process set:
+        allgather, dense allreduce, and merge-then-allgather; record how far the dense and the merged
+        results differ from the allgather's (``against``: dense or dedup)."""
         writer = self.tracer.writer
         reduce_op = self._op_name(op)
         base = {"type": "reduction_check", "name": name, "reduce_op": reduce_op,
@@ -372,19 +440,22 @@ class CollectiveHooks:
         assert plain is not None, "install() keeps Horovod's own allreduce"
         gathered = tf.convert_to_tensor(plain(grad, **kwargs))
         reduced = plain(self.policy.densify(grad), **kwargs)
+        merged = tf.convert_to_tensor(plain(self.policy.merge(grad), **kwargs))
 
-        def emit(a, b):
+        def emit(a, b, against):
             a, b = a.numpy().astype("float64"), b.numpy().astype("float64")
             diff = float(abs(a - b).max(initial=0.0))
             scale = float(abs(a).max(initial=0.0))
-            writer.add({**base, "step": self.tracer.step, "max_abs_diff": diff, "scale": scale,
-                        "max_rel_diff": diff / scale if scale else 0.0})
+            writer.add({**base, "step": self.tracer.step, "against": against, "max_abs_diff": diff,
+                        "scale": scale, "max_rel_diff": diff / scale if scale else 0.0})
             return []
 
-        if tf.executing_eagerly():
-            emit(gathered, reduced)
-        else:
-            tf.py_function(emit, [gathered, reduced], Tout=[], name="memdiag_reduction_check")
+        for other, against in ((reduced, "dense"), (merged, "dedup")):
+            if tf.executing_eagerly():
+                emit(gathered, other, against)
+            else:
+                tf.py_function(lambda a, b, against=against: emit(a, b, against), [gathered, other], Tout=[],
+                               name="memdiag_reduction_check")
 
     # -- op level ---------------------------------------------------------------------------------
     def _wrap_op(self, op: str) -> Callable[[Callable], Callable]:
@@ -503,6 +574,7 @@ class CollectiveHooks:
             "itemsize": dtype.size,
             "sparse": origin.sparse,
             "densified": origin.densified,
+            "merged": origin.merged,
             "grouped": grouped,
             "gradient": origin.gradient,
             "reduce_op": origin.reduce_op,
@@ -619,6 +691,10 @@ def _horovod_op(attr: str) -> Callable:
     while hasattr(function, "__wrapped__"):
         function = function.__wrapped__
     return function
+
+
+def _now() -> np.float64:
+    return np.float64(time.perf_counter())
 
 
 def _op_safe(name: str) -> str:

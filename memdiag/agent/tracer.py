@@ -126,6 +126,7 @@ class Tracer:
                 "bytes_out": math.prod(shape_out) * itemsize,
                 "sparse": meta["sparse"],
                 "densified": meta["densified"],
+                "merged": meta.get("merged", False),
                 "grouped": meta.get("grouped", False),
                 "gradient": meta.get("gradient", False),
                 "reduce_op": meta.get("reduce_op"),

@@ -96,6 +96,36 @@ def collective_summary(run: Run) -> list[dict[str, Any]]:
     return entries
 
 
+def distinct_rows_summary(run: Run) -> list[dict[str, Any]]:
+    """Per IndexedSlices gradient: its rows T and distinct rows U per rank over the training steps
+    (``distinct_rows`` records), the first step's largest U (what auto decided from), the largest U
+    of any step, and the merge's compute time per step where the rows were merged."""
+    by_name: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for records in run.ranks.values():
+        for r in records.other:
+            if r.get("type") == "distinct_rows" and r.get("step", 0) >= 0:
+                by_name[r["name"]].append(r)
+    entries = []
+    for name, found in sorted(by_name.items()):
+        first = min(r["step"] for r in found)
+        per_rank: dict[str, list[int]] = {}
+        for rank in sorted({r["rank"] for r in found}):
+            mine = [r["distinct_rows"] for r in found if r["rank"] == rank]
+            per_rank[str(rank)] = [min(mine), max(mine)]
+        merge = [r["merge_s"] for r in found if r.get("merge_s") is not None]
+        entries.append({
+            "name": name,
+            "rows_max": max(r["rows"] for r in found),
+            "distinct_rows_min": min(r["distinct_rows"] for r in found),
+            "distinct_rows_max": max(r["distinct_rows"] for r in found),
+            "first_step_distinct_rows_max": max(r["distinct_rows"] for r in found if r["step"] == first),
+            "distinct_rows_per_rank": per_rank,  # rank -> [min, max] over the steps
+            "merge_s_median": statistics.median(merge) if merge else None,
+            "steps": len({r["step"] for r in found}),
+        })
+    return entries
+
+
 def step_summary(run: Run) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Per step across ranks: loss, slowest rank, highest peak, and whether parameters agree."""
     by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
@@ -192,6 +222,7 @@ def summarize(run: Run) -> dict[str, Any]:
         "steps_detail": steps,
         "consistency": consistency,
         "reduction_checks": checks,
+        "distinct_rows": distinct_rows_summary(run),
         "failure": diagnose(run),
         "warnings": list(run.warnings),
         **attribution_entry(run.path),  # "attribution": only when the run has memray files

@@ -7,6 +7,7 @@ import argparse
 from rich.console import Console
 
 from memdiag.commands._args import add_launch_options, positive_int
+from memdiag.policy import FAULTS
 
 
 class CompareCommand:
@@ -21,7 +22,7 @@ class CompareCommand:
         parser.add_argument("--out", help="directory for the comparison (default runs/compare-NAME-TIME)")
         parser.add_argument("--repeats", type=positive_int("--repeats"), default=1,
                             help="runs of each configuration, interleaved; their spread is the noise (default 1)")
-        parser.add_argument("--inject-fault", choices=("sum-densified",), help=argparse.SUPPRESS)
+        parser.add_argument("--inject-fault", choices=FAULTS, help=argparse.SUPPRESS)
         # Its figures are steady-state peaks: let the built-in workloads warm up until they settle.
         add_launch_options(parser, default_steps=5, default_warmup=3)
 
