@@ -67,6 +67,7 @@ class CollectiveRecord(_Record, total=False):
     bytes_out: int
     sparse: bool
     densified: bool
+    merged: bool  # duplicate rows summed before the allgather (dedup)
     grouped: bool
     gradient: bool
     reduce_op: str | None
@@ -83,8 +84,13 @@ class PolicyRecord(_Record, total=False):
     script_sparse_as_dense: bool | None
     overridden: bool
     local_rows: int | None
+    local_distinct_rows: int | None
     rows_per_rank: int | None
+    distinct_rows: int | None
     gathered_bytes: int | None
+    merged_bytes: int | None
+    guarded_merged_bytes: int | None
+    dedup_guard: float
     dense_bytes: int
     row_bytes: int
     index_bytes: int
@@ -92,9 +98,18 @@ class PolicyRecord(_Record, total=False):
     row_elements: int
 
 
+class DistinctRowsRecord(_Record, total=False):
+    step: int
+    name: str
+    rows: int  # T: this rank's rows
+    distinct_rows: int  # U: this rank's distinct indices
+    merge_s: float | None  # seconds the merge took (unique + segment sum); None when not merged
+
+
 class ReductionCheckRecord(_Record, total=False):
     step: int
     name: str
+    against: str  # dense or dedup: the reduction compared with the allgather
     reduce_op: str
     compression: str
     max_abs_diff: float
@@ -130,10 +145,10 @@ class EndRecord(_Record, total=False):
 
 # Every record type a rank writes; those with a class above have their fields declared there.
 RECORD_TYPES = ("start", "choices", "collective", "policy", "params_initial", "params_final", "mem", "step",
-                "reduction_check", "waiting", "killed", "end")
+                "distinct_rows", "reduction_check", "waiting", "killed", "end")
 RECORD_CLASSES: dict[str, type] = {
     "start": StartRecord, "step": StepRecord, "mem": MemRecord, "collective": CollectiveRecord,
-    "policy": PolicyRecord, "reduction_check": ReductionCheckRecord, "waiting": WaitingRecord,
+    "policy": PolicyRecord, "distinct_rows": DistinctRowsRecord, "reduction_check": ReductionCheckRecord, "waiting": WaitingRecord,
     "killed": KilledRecord, "end": EndRecord,
 }
 

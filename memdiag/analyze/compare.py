@@ -98,7 +98,32 @@ def growth_tensors(summaries: dict[tuple[int, str], dict[str, Any]]) -> list[dic
         entry["auto_decision"] = policy["decision"]
         entry["auto_reason"] = policy["reason"]
         entry["auto_world_size"] = auto_n
+    _add_merging(tensors, summaries)
     return sorted(tensors.values(), key=lambda t: -(t["growth_bytes_per_rank"] or 0))
+
+
+def _add_merging(tensors: dict[str, dict[str, Any]], summaries: dict[tuple[int, str], dict[str, Any]]) -> None:
+    """What merging did to each gathered tensor, from the dedup run at the largest rank count: the
+    distinct rows U against the rows T per rank, the bytes gathered merged and unmerged at that N, and
+    what the merge cost in compute per step."""
+    deduped = [(n, s) for (n, mode), s in summaries.items() if mode == "dedup" and n > 1]
+    if not deduped:
+        return
+    n, summary = max(deduped, key=lambda item: item[0])
+    sparse = summaries.get((n, "sparse"))
+    for d in summary.get("distinct_rows", []):
+        entry = tensors.setdefault(d["name"], {"name": d["name"], "growth_bytes_per_rank": None,
+                                               "gathered_bytes": None, "at_world_size": None})
+        merged = sum(c["bytes_out_per_rank"] for c in summary["collectives"]
+                     if c["name"] == d["name"] and c["op"] == "allgather" and c.get("merged"))
+        unmerged = None if sparse is None else sum(
+            c["bytes_out_per_rank"] for c in sparse["collectives"] if c["name"] == d["name"] and c["op"] == "allgather")
+        entry["dedup"] = {"world_size": n, "rows_per_rank": d["rows_max"],
+                          "distinct_rows_min": d["distinct_rows_min"], "distinct_rows_max": d["distinct_rows_max"],
+                          "distinct_rows_per_rank": d["distinct_rows_per_rank"],
+                          "gathered_bytes": merged, "unmerged_gathered_bytes": unmerged,
+                          "bytes_saved": None if unmerged is None else unmerged - merged,
+                          "merge_s_median": d.get("merge_s_median")}
 
 
 def reduction_result(verify_summary: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -290,10 +315,17 @@ def physics(result: dict[str, Any], summaries: dict[tuple[int, str], dict[str, A
         return abs(a - b) > noise_bytes
 
     dense_low, dense_high = (peak(min(multi), "dense"), peak(max(multi), "dense")) if len(multi) >= 2 else (None, None)
-    best = min((p for p in (peak(largest, "sparse"), peak(largest, "dense")) if p is not None), default=None)
+    fixed: dict[str, float] = {}
+    for mode in ("sparse", "dedup", "dense"):
+        value = peak(largest, mode)
+        if value is not None:
+            fixed[mode] = value
+    best = min(fixed.values(), default=None)
     auto_peak = peak(largest, "auto")
+    every = {**fixed, **({} if auto_peak is None else {"auto": auto_peak})}
     sparse_peak = peak(largest, "sparse")
     densified = [t["name"] for t in result.get("tensors", []) if t.get("auto_decision") == "dense"]
+    merged = [t["name"] for t in result.get("tensors", []) if t.get("auto_decision") == "dedup"]
     return {
         "largest_world_size": largest,
         "cost_per_gathered_byte": k,
@@ -302,6 +334,9 @@ def physics(result: dict[str, Any], summaries: dict[tuple[int, str], dict[str, A
         "dense_change": None if not dense_low or dense_high is None else (dense_high - dense_low) / dense_low,
         "dense_peak_bytes": dense_high if dense_high is not None else peak(largest, "dense"),
         "auto_densified": densified,
+        "auto_merged": merged,
+        "best_fixed_mode": None if not fixed else min(fixed, key=lambda m: fixed[m]),
+        "lowest_peak_mode": min(every, key=lambda m: every[m]) if every else None,
         "auto_vs_sparse": None if auto_peak is None or not sparse_peak else auto_peak / sparse_peak - 1,
         "auto_minus_best_bytes": None if auto_peak is None or best is None else auto_peak - best,
         "auto_vs_best_beyond_noise": beyond_noise(auto_peak, best),

@@ -80,6 +80,7 @@ def collective_summary(run: Run) -> list[dict[str, Any]]:
             "part": part,
             "sparse": bool(last.get("sparse")),
             "densified": bool(last.get("densified")),
+            "merged": bool(last.get("merged")),
             "reduce_op": last.get("reduce_op"),
             "process_set_size": last.get("process_set_size"),
             "dtype": last.get("dtype"),

@@ -81,6 +81,17 @@ def verdict(result: dict[str, Any]) -> Text:
     for t in tensors:
         if not t.get("growth_bytes_per_rank") and t.get("auto_decision"):
             text.append(f"  {short_name(t['name'], scope)}: auto -> {t['auto_decision']}: {t['auto_reason']}\n")
+    for t in tensors:
+        d = t.get("dedup")
+        if d:
+            text.append(f"  {short_name(t['name'], scope)} merged (dedup, N={d['world_size']}): "
+                        f"{d['distinct_rows_min']}-{d['distinct_rows_max']} distinct of {d['rows_per_rank']} rows "
+                        f"per rank, gathered {format_bytes(d['gathered_bytes'])}")
+            if d.get("bytes_saved") is not None:
+                text.append(f" ({format_bytes(d['bytes_saved'])} less than unmerged)")
+            if d.get("merge_s_median") is not None:
+                text.append(f"; merging cost {d['merge_s_median'] * 1000:.2f} ms per step")
+            text.append("\n")
     c = result["correctness"]
     if c["passed"] is None:
         text.append("Correctness: not checked (needs a sparse run beside another mode).\n", style="yellow")
@@ -92,10 +103,14 @@ def verdict(result: dict[str, Any]) -> Text:
                     f"(tolerance rtol {c['rtol']:g}, atol {c['atol']:g}); ")
         reduction = c.get("reduction")
         if reduction and reduction["passed"] is not None:
-            text.append(f"reduction check at N={reduction['world_size']}: allgather and dense allreduce of "
-                        f"{len(reduction['tensors'])} gradient(s) differ by at most {_num(reduction['max_rel_diff'])} "
-                        f"relative (tolerance {reduction['rtol']:g}); ",
-                        style=None if reduction["passed"] else "bold red")
+            by = reduction.get("by_reduction") or {"dense": reduction}
+            for against, label in (("dense", "dense allreduce"), ("dedup", "merged allgather")):
+                r = by.get(against)
+                if r is None:
+                    continue
+                text.append(f"reduction check at N={reduction['world_size']}: allgather and {label} of "
+                            f"{len(reduction['tensors'])} gradient(s) differ by at most {_num(r['max_rel_diff'])} "
+                            f"relative (tolerance {r['rtol']:g}); ", style=None if r["passed"] else "bold red")
         identical = c.get("ranks_identical_every_step")
         text.append("parameters identical on all ranks every step\n" if identical else
                     ("parameters DIFFER between ranks\n" if identical is False else "\n"))
@@ -133,7 +148,10 @@ def physics_verdict(result: dict[str, Any]) -> Text:
         parts.append(part)
     if p.get("auto_vs_sparse") is not None:
         count = len(p.get("auto_densified") or [])
-        part = f"auto densified {count} tensor(s): {p['auto_vs_sparse']:+.0%} against sparse at N={p['largest_world_size']}"
+        part = f"auto densified {count} tensor(s)"
+        if p.get("auto_merged"):
+            part += f" and merged {len(p['auto_merged'])}"
+        part += f": {p['auto_vs_sparse']:+.0%} against sparse at N={p['largest_world_size']}"
         if p.get("auto_minus_best_bytes") is not None:
             if p.get("auto_vs_best_beyond_noise") is False:
                 part += ", level with the better mode within noise"
@@ -142,6 +160,8 @@ def physics_verdict(result: dict[str, Any]) -> Text:
             else:
                 part += f", {format_bytes(p['auto_minus_best_bytes'])} above the better mode"
         parts.append(part)
+    if p.get("lowest_peak_mode"):
+        parts.append(f"lowest peak at N={p['largest_world_size']}: {p['lowest_peak_mode']}")
     if parts:
         text.append("; ".join(parts) + ".", style="bold")
         noise = p.get("noise_bytes")

@@ -75,8 +75,12 @@ def common_scope(names: list[str]) -> str:
 def _collective(entry: dict[str, Any]) -> str:
     """The collective that reduced the tensor; "densified" is an IndexedSlices gradient that memdiag
     (or the script's sparse_as_dense) turned dense and allreduced. An IndexedSlices gradient that
-    was gathered shows as allgather of its [values] and [indices]."""
-    return "densified" if entry["densified"] else entry["op"]
+    was gathered shows as allgather of its [values] and [indices]; "merged allgather" when its
+    duplicate rows were summed first (dedup)."""
+    return "densified" if entry["densified"] else ("merged allgather" if entry.get("merged") else entry["op"])
+
+
+REDUCED_AS = {"dense": "dense allreduce", "dedup": "merge + allgather", "sparse": "allgather"}
 
 
 def tensor_table(summary: dict[str, Any], limit: int = MAX_TENSOR_ROWS) -> FitTable:
@@ -106,8 +110,7 @@ def policy_table(summary: dict[str, Any]) -> FitTable | None:
                      title="IndexedSlices gradients: reduction chosen")
     scope = common_scope([p["name"] for p in summary["policy"]])
     for p in summary["policy"]:
-        table.add_row(short_name(p["name"], scope), "dense allreduce" if p["decision"] == "dense" else "allgather",
-                      Text(p["reason"]))
+        table.add_row(short_name(p["name"], scope), REDUCED_AS.get(p["decision"], p["decision"]), Text(p["reason"]))
     return table
 
 
@@ -188,9 +191,21 @@ def script_text(summary: dict[str, Any]) -> Text:
     for p in summary.get("policy", []):
         if p.get("overridden"):
             text.append(f"the script asked for sparse_as_dense={p.get('script_sparse_as_dense')} for "
-                        f"{p['name']}; this run used {'dense' if p['decision'] == 'dense' else 'sparse'}\n",
-                        style="yellow")
+                        f"{p['name']}; this run used {p['decision']}\n", style="yellow")
+    for d in summary.get("distinct_rows", []):
+        text.append(distinct_rows_line(d) + "\n")
     return text
+
+
+def distinct_rows_line(d: dict[str, Any]) -> str:
+    """T and U of one IndexedSlices gradient over a run's ranks and steps, and the merge's cost."""
+    low, high = d["distinct_rows_min"], d["distinct_rows_max"]
+    line = (f"{d['name']}: {low}-{high} distinct of {d['rows_max']} rows per rank "
+            f"(U/T {low / d['rows_max']:.2f}-{high / d['rows_max']:.2f}; first step's largest U "
+            f"{d['first_step_distinct_rows_max']}, over {d['steps']} steps)" if d["rows_max"] else d["name"])
+    if d.get("merge_s_median") is not None:
+        line += f"; merging took {d['merge_s_median'] * 1000:.2f} ms per step (median)"
+    return line
 
 
 def run_report(summary: dict[str, Any], manifest: dict[str, Any]) -> Group:
