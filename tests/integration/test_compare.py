@@ -14,7 +14,8 @@ TINY = PRESETS["transformer"]["tiny"]
 @pytest.fixture(scope="module")
 def comparison(runs_root):
     out = runs_root / "compare"
-    result = memdiag("compare", "sparse-vs-dense", "transformer", "-n", "1,2", "--steps", "2", "--out", str(out))
+    result = memdiag("compare", "sparse-vs-dense", "transformer", "-n", "1,2", "--steps", "2",
+                     "--modes", "sparse,dense,auto,dedup", "--out", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     return out, result
 
@@ -22,19 +23,28 @@ def comparison(runs_root):
 def test_compare_writes_rows_growth_and_correctness(comparison):
     out, result = comparison
     data = read_json(out / "compare.json")
-    assert {(r["world_size"], r["mode"]) for r in data["rows"]} == {(n, m) for n in (1, 2) for m in ("sparse", "dense", "auto")}
+    modes = ("sparse", "dense", "auto", "dedup")
+    assert {(r["world_size"], r["mode"]) for r in data["rows"]} == {(n, m) for n in (1, 2) for m in modes}
     for row in data["rows"]:
         assert {"world_size", "mode", "peak_rss_bytes_max", "collective_bytes_per_rank", "step_time_s"} <= set(row)
         assert row["peak_rss_bytes_max"] > 0 and row["status"] == "ok"
-    assert set(data["growth_bytes_per_rank"]) == {"sparse", "dense", "auto"}
+    assert set(data["growth_bytes_per_rank"]) == set(modes)
     c = data["correctness"]
     assert c["passed"] is True and c["max_abs_diff"] is not None and c["max_rel_diff"] is not None
     assert c["reduction"]["passed"] is True and c["reduction"]["tensors"]
+    # merged and unmerged reductions agree within the tolerance, as do the final parameters of dedup
+    assert set(c["reduction"]["by_reduction"]) == {"dense", "dedup"}
+    assert c["reduction"]["by_reduction"]["dedup"]["passed"] is True
+    assert any(check["mode"] == "dedup" and check["passed"] for check in c["checks"])
     # the formula's growth per added rank is one rank's gathered rows: values and indices
     rows = TINY.batch_size * TINY.seq_len
     assert data["predicted_growth_bytes_per_rank"] in (rows * (TINY.d_model * 4 + 4), rows * (TINY.d_model * 4 + 8))
     [tensor] = [t for t in data["tensors"] if t.get("growth_bytes_per_rank")]
-    assert "source_embedding" in tensor["name"] and tensor["auto_decision"] in ("sparse", "dense")
+    assert "source_embedding" in tensor["name"] and tensor["auto_decision"] in ("sparse", "dedup", "dense")
+    # merging gathered fewer bytes than the allgather of every row, and its cost was measured
+    dedup = tensor["dedup"]
+    assert dedup["distinct_rows_max"] < dedup["rows_per_rank"] == rows
+    assert 0 < dedup["gathered_bytes"] < dedup["unmerged_gathered_bytes"] and dedup["merge_s_median"] > 0
     for text in ("Per rank count and mode", "Growth per added rank", "peak RSS per rank", "Correctness PASSED"):
         assert text in result.stdout
 
@@ -73,4 +83,19 @@ def test_an_injected_wrong_reduction_fails_the_verification(runs_root):
     c = read_json(out / "compare.json")["correctness"]
     assert c["passed"] is False and c["reduction"]["passed"] is False
     assert c["reduction"]["max_rel_diff"] > 0.4  # a sum over 2 ranks is twice the average
+    assert "Correctness FAILED" in result.stdout
+
+
+def test_merging_that_drops_duplicates_fails_the_verification(runs_root):
+    # GIVEN merged gradients that keep one row per index instead of summing the duplicates
+    out = runs_root / "compare-drop"
+    result = memdiag("compare", "sparse-vs-dense", "transformer", "-n", "2", "--modes", "sparse,dedup",
+                     "--steps", "2", "--inject-fault", "drop-duplicates", "--out", str(out))
+    # THEN the merged reduction check and dedup's parameters both fail; the dense check still passes
+    assert result.returncode == 1
+    c = read_json(out / "compare.json")["correctness"]
+    assert c["passed"] is False
+    by = c["reduction"]["by_reduction"]
+    assert by["dedup"]["passed"] is False and by["dense"]["passed"] is True
+    assert [check["passed"] for check in c["checks"] if check["mode"] == "dedup"] == [False]
     assert "Correctness FAILED" in result.stdout

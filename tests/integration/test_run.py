@@ -76,6 +76,29 @@ def test_dense_mode_allreduces_the_whole_table(dense_run):
     assert summary["policy"][0]["decision"] == "dense"
 
 
+def test_dedup_gathers_the_distinct_rows_of_every_rank(runs_root):
+    out = runs_root / "dedup-n2"
+    result = memdiag("run", "transformer", "-n", "2", "--steps", "3", "--mode", "dedup", "--out", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = TINY.batch_size * TINY.seq_len
+    records = {rank: read_records(out / f"rank-{rank}.jsonl") for rank in (0, 1)}
+    distinct = {(r["rank"], r["step"]): r["distinct_rows"] for recs in records.values() for r in recs
+                if r["type"] == "distinct_rows" and r["step"] >= 0 and "source_embedding" in r["name"]}
+    assert len(distinct) == 2 * 3 and all(0 < u < rows for u in distinct.values())  # Zipf ids repeat
+    for rank, recs in records.items():
+        gathered = [r for r in recs if r["type"] == "collective" and r["step"] >= 0 and "source_embedding" in r["name"]]
+        assert len(gathered) == 2 * 3 and all(r["op"] == "allgather" and r["merged"] for r in gathered)
+        for step in range(3):
+            # each rank sends its own U rows: the output holds the sum of every rank's U
+            u_all = distinct[(0, step)] + distinct[(1, step)]
+            mine = {r["part"]: r for r in gathered if r["step"] == step}
+            index_bytes = {"int32": 4, "int64": 8}[mine["indices"]["dtype"]]
+            assert mine["values"]["bytes_out"] + mine["indices"]["bytes_out"] == u_all * (TINY.d_model * 4 + index_bytes)
+            assert mine["values"]["shape_in"][0] == distinct[(rank, step)]
+    summary = read_json(out / "summary.json")
+    assert summary["policy"][0]["decision"] == "dedup" and "merge + allgather" in result.stdout
+
+
 def test_every_step_is_flushed_with_memory_and_identical_parameters(sparse_run):
     out, _ = sparse_run
     for rank in (0, 1):
