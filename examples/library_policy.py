@@ -1,8 +1,10 @@
 """memdiag's per-tensor policy inside your own code, without `memdiag run`.
 
-A model with two embeddings: a small vocabulary looked up many times per step (assumed-sparse: its
-allgather would be larger than the table) and a large table looked up a few times (truly sparse).
-`mode="auto"` densifies the first and keeps the second on Horovod's allgather path.
+A model with three embeddings: a small vocabulary looked up many times per step (assumed-sparse: its
+allgather would be larger than the table), a large table looked up a few times (truly sparse), and a
+large table looked up many times with a few ids repeated most of the time (Zipf: its gathered rows
+are mostly duplicates). `mode="auto"` densifies the first, keeps the second on Horovod's allgather
+path, and sums the third's duplicate rows before gathering them (dedup).
 
     mpirun -np 2 python examples/library_policy.py
 """
@@ -21,25 +23,30 @@ def main() -> None:
     tf.keras.utils.set_random_seed(3)
     words = tf.keras.layers.Embedding(1000, 64, name="words")
     items = tf.keras.layers.Embedding(200_000, 64, name="items")
+    tags = tf.keras.layers.Embedding(50_000, 64, name="tags")
     head = tf.keras.layers.Dense(1)
     optimizer = tf.keras.optimizers.SGD(0.01)
     rng = np.random.default_rng(hvd.rank())
 
     @tf.function
-    def step(word_ids, item_ids, target):
+    def step(word_ids, item_ids, tag_ids, target):
         with tf.GradientTape() as tape:
-            features = tf.reduce_mean(words(word_ids), axis=1) + tf.reduce_mean(items(item_ids), axis=1)
+            features = (tf.reduce_mean(words(word_ids), axis=1) + tf.reduce_mean(items(item_ids), axis=1)
+                        + tf.reduce_mean(tags(tag_ids), axis=1))
             loss = tf.reduce_mean((head(features)[:, 0] - target) ** 2)
         tape = mdt.DistributedGradientTape(tape, mode="auto")
-        variables = words.trainable_variables + items.trainable_variables + head.trainable_variables
+        variables = (words.trainable_variables + items.trainable_variables + tags.trainable_variables
+                     + head.trainable_variables)
         optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
         step.policy = tape.memdiag_policy
         return loss
 
     for _ in range(2):
-        loss = step(rng.integers(0, 1000, (64, 32)), rng.integers(0, 200_000, (64, 2)), rng.random(64, dtype=np.float32))
+        tag_ids = np.minimum(rng.zipf(1.5, (64, 32)), 50_000) - 1
+        loss = step(rng.integers(0, 1000, (64, 32)), rng.integers(0, 200_000, (64, 2)), tag_ids,
+                    rng.random(64, dtype=np.float32))
     if hvd.rank() == 0:
-        decisions = {name: {"decision": "dense" if d.densify else "sparse", "reason": d.reason}
+        decisions = {name: {"decision": d.reduction, "reason": d.reason}
                      for name, d in step.policy.decisions.items()}
         print(json.dumps({"loss": float(loss), "decisions": decisions}))
 

@@ -18,6 +18,7 @@ import re
 from dataclasses import replace
 from typing import Any, Callable
 
+import numpy as np
 import tensorflow as tf
 
 from memdiag.formula import SparseGradientShape
@@ -64,6 +65,7 @@ class DensifyPolicy:
         self.fault = fault
         self.agree = agree if agree is not None else agree_max_rows
         self.decisions: dict[str, Decision] = {}
+        self._flags: dict[str, Any] = {}  # auto's decisions made when the first step ran, as variables
 
     def decide(self, name: str, grad: tf.IndexedSlices, var: Any = None, script_densifies: bool = False,
                process_set: Any = None) -> Decision:
@@ -123,6 +125,64 @@ class DensifyPolicy:
             dense = dense * tf.cast(world, dense.dtype)
         return dense
 
+    def reduce_at_run_time(self, name: str, grad: tf.IndexedSlices, var: Any, script_densifies: bool, world: int,
+                           process_set: Any, allreduce: Callable[[Any, str], Any],
+                           merge: Callable[[tf.IndexedSlices], tf.IndexedSlices] | None = None,
+                           count: Callable[[tf.IndexedSlices], None] | None = None) -> tf.IndexedSlices:
+        """``auto`` in a graph, where the distinct rows U (and for a batch of unknown size the rows T)
+        are only known when the step runs: at the first step every rank measures T and U, they agree
+        on the largest of each (one max-allreduce of the pair, on the gradient's process set), the
+        policy decides, and the decision, kept in a variable, picks the branch of a ``tf.switch_case``
+        at every step: allgather, merge then allgather, or dense allreduce. Every rank takes the same
+        branch. ``allreduce(tensor, reduction)`` is the caller's reduction (Horovod's, with the job's op
+        and compression); ``merge`` and ``count`` let the caller record U. The dense branch's result
+        reaches the optimizer as IndexedSlices over every row (the branches return one type)."""
+        import horovod.tensorflow as hvd
+
+        from memdiag.policy import REDUCTIONS
+
+        shape = row_shape(grad, var)
+        assert shape is not None, "needs_run_time() is true only for rows of known width"
+        flag = self._flags.get(name)
+        if flag is None:
+            with tf.init_scope():
+                flag = tf.Variable(-1, dtype=tf.int64, trainable=False, name="memdiag_decision")
+            self._flags[name] = flag
+
+        def decide_now(local: Any, agreed: Any) -> Any:
+            mine, most = local.numpy().tolist(), agreed.numpy().tolist()
+            decision = self.decide_rows(name, shape, mine[0], most[0], script_densifies, world, mine[1], most[1])
+            return np.int64(REDUCTIONS.index(decision.reduction))
+
+        def first_step() -> Any:
+            rows = tf.stack([tf.shape(grad.values, out_type=tf.int64)[0],
+                             tf.cast(distinct_rows(grad.indices), tf.int64)])
+            agreed = horovod_op("_allreduce")(rows, op=hvd.Max, process_set=process_set or hvd.global_process_set,
+                                              name="memdiag_agree_" + re.sub(r"[^A-Za-z0-9_.]", "_", name))
+            chosen = tf.py_function(decide_now, [rows, agreed], Tout=tf.int64, name="memdiag_decide")
+            chosen.set_shape([])
+            return flag.assign(chosen, read_value=True)
+
+        choice = tf.cond(flag < 0, first_step, flag.read_value)
+
+        def dense() -> Any:
+            if count is not None:
+                count(grad)
+            reduced = allreduce(self.densify(grad), "dense")
+            rows = tf.range(tf.shape(reduced, out_type=grad.indices.dtype)[0])
+            return tf.IndexedSlices(reduced, rows, grad.dense_shape)
+
+        def merged() -> Any:
+            return allreduce((merge or self.merge)(grad), "dedup")
+
+        def sparse() -> Any:
+            if count is not None:
+                count(grad)
+            return allreduce(grad, "sparse")
+
+        branches = {"sparse": sparse, "dedup": merged, "dense": dense}
+        return tf.switch_case(tf.cast(choice, tf.int32), [branches[r] for r in REDUCTIONS])
+
     def merge(self, grad: tf.IndexedSlices) -> tf.IndexedSlices:
         return merge_duplicates(grad, drop=self.fault == "drop-duplicates")
 
@@ -152,18 +212,25 @@ def agree_max_rows(rows: int, process_set: Any, name: str) -> int:
     Goes to Horovod's op underneath memdiag's recording hook (it is memdiag's, not the job's).
     """
     import horovod.tensorflow as hvd
-    from horovod.tensorflow import mpi_ops
 
     process_set = process_set if process_set is not None else hvd.global_process_set
     if _set_size(process_set) <= 1:
         return rows
-    allreduce = mpi_ops._allreduce
-    while hasattr(allreduce, "__wrapped__"):
-        allreduce = allreduce.__wrapped__
+    allreduce = horovod_op("_allreduce")
     op_name = "memdiag_agree_" + re.sub(r"[^A-Za-z0-9_.]", "_", name)
     with tf.init_scope():  # eager, even while a tf.function is traced
         value = allreduce(tf.constant(rows, tf.int64), op=hvd.Max, process_set=process_set, name=op_name)
         return int(value.numpy())
+
+
+def horovod_op(attr: str) -> Callable:
+    """Horovod's own op underneath memdiag's recording hook (for memdiag's own collectives)."""
+    import horovod.tensorflow.mpi_ops as mpi_ops
+
+    function = getattr(mpi_ops, attr)
+    while hasattr(function, "__wrapped__"):
+        function = function.__wrapped__
+    return function
 
 
 def _set_size(process_set: Any) -> int:

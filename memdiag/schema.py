@@ -148,8 +148,8 @@ RECORD_TYPES = ("start", "choices", "collective", "policy", "params_initial", "p
                 "distinct_rows", "reduction_check", "waiting", "killed", "end")
 RECORD_CLASSES: dict[str, type] = {
     "start": StartRecord, "step": StepRecord, "mem": MemRecord, "collective": CollectiveRecord,
-    "policy": PolicyRecord, "distinct_rows": DistinctRowsRecord, "reduction_check": ReductionCheckRecord, "waiting": WaitingRecord,
-    "killed": KilledRecord, "end": EndRecord,
+    "policy": PolicyRecord, "distinct_rows": DistinctRowsRecord, "reduction_check": ReductionCheckRecord,
+    "waiting": WaitingRecord, "killed": KilledRecord, "end": EndRecord,
 }
 
 

@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import tensorflow as tf
 
-from memdiag.densify import DensifyPolicy, distinct_rows, row_shape
+from memdiag.densify import DensifyPolicy, distinct_rows
 from memdiag.policy import Decision
 
 # Frames under these folders are not a user's call site: installed packages, the standard library, memdiag.
@@ -80,7 +80,6 @@ class CollectiveHooks:
         self._originals: list[tuple[Any, str, Any]] = []
         self._choices_seen: set[str] = set()
         self._initial_recorded = False
-        self._run_time_flags: dict[str, Any] = {}  # auto's decisions made when the first step ran
         self.on_init: Callable[[], None] | None = None  # called once, when the script calls hvd.init()
         self._ops: dict[int, str] = {}
 
@@ -261,60 +260,19 @@ class CollectiveHooks:
 
     def _reduce_at_run_time(self, origin: Origin, grad: tf.IndexedSlices, var: Any, script_densifies: bool,
                             kwargs: dict[str, Any]) -> Any:
-        """``auto`` in a graph, where the distinct rows U (and for a batch of unknown size the rows T)
-        are only known when the step runs: at the first step every rank measures T and U, they agree
-        on the largest of each (one max-allreduce of the pair), the policy decides, and the decision,
-        kept in a variable, picks the branch of a ``tf.switch_case`` at every step: allgather, merge
-        then allgather, or dense allreduce. The dense branch's result reaches the optimizer as
-        IndexedSlices over every row (the branches return one type): the same update."""
-        import horovod.tensorflow as hvd
-
-        from memdiag.policy import REDUCTIONS
-
+        """``auto`` decided when the first step runs (:meth:`DensifyPolicy.reduce_at_run_time`), each
+        branch's collective labelled for the op-level records."""
         name, process_set = origin.name, kwargs.get("process_set")
         world = _set_size(process_set) or self.world_size()
-        shape = row_shape(grad, var)
-        flag = self._run_time_flags.get(name)
-        if flag is None:
-            with tf.init_scope():
-                flag = tf.Variable(-1, dtype=tf.int64, trainable=False, name="memdiag_decision")
-            self._run_time_flags[name] = flag
+        labels = {"sparse": origin, "dedup": replace(origin, merged=True), "dense": replace(origin, densified=True)}
 
-        def decide(local, agreed):
-            local, agreed = local.numpy().tolist(), agreed.numpy().tolist()
-            decision = self.policy.decide_rows(name, shape, local[0], agreed[0], script_densifies, world,
-                                               local[1], agreed[1])
-            return np.int64(REDUCTIONS.index(decision.reduction))
+        def allreduce(tensor: Any, reduction: str) -> Any:
+            with self._queued([labels[reduction]]):
+                return sys.modules["horovod.tensorflow"].allreduce(tensor, **kwargs)
 
-        def first_step():
-            rows = tf.stack([tf.shape(grad.values, out_type=tf.int64)[0],
-                             tf.cast(distinct_rows(grad.indices), tf.int64)])
-            agreed = _horovod_op("_allreduce")(rows, op=hvd.Max, process_set=process_set or hvd.global_process_set,
-                                               name="memdiag_agree_" + _op_safe(name))
-            chosen = tf.py_function(decide, [rows, agreed], Tout=tf.int64, name="memdiag_decide")
-            chosen.set_shape([])
-            return flag.assign(chosen, read_value=True)
-
-        choice = tf.cond(flag < 0, first_step, flag.read_value)
-
-        def dense():
-            self._record_distinct(name, grad)
-            with self._queued([replace(origin, densified=True)]):
-                reduced = sys.modules["horovod.tensorflow"].allreduce(self.policy.densify(grad), **kwargs)
-            rows = tf.range(tf.shape(reduced, out_type=grad.indices.dtype)[0])
-            return tf.IndexedSlices(reduced, rows, grad.dense_shape)
-
-        def merged():
-            with self._queued([replace(origin, merged=True)]):
-                return sys.modules["horovod.tensorflow"].allreduce(self._merge(name, grad), **kwargs)
-
-        def sparse():
-            self._record_distinct(name, grad)
-            with self._queued([origin]):
-                return sys.modules["horovod.tensorflow"].allreduce(grad, **kwargs)
-
-        branches = {"sparse": sparse, "dedup": merged, "dense": dense}
-        return tf.switch_case(tf.cast(choice, tf.int32), [branches[r] for r in REDUCTIONS])
+        return self.policy.reduce_at_run_time(name, grad, var, script_densifies, world, process_set, allreduce,
+                                              merge=lambda g: self._merge(name, g),
+                                              count=lambda g: self._record_distinct(name, g))
 
     def _merge(self, name: str, grad: tf.IndexedSlices) -> tf.IndexedSlices:
         """The gradient with its duplicate rows summed, and a ``distinct_rows`` record of T, U and the
@@ -683,22 +641,8 @@ def _rebind(signature: inspect.Signature | None, arguments: dict[str, Any], **ch
     return [values[name] for name in signature.parameters if name in values]
 
 
-def _horovod_op(attr: str) -> Callable:
-    """Horovod's own op underneath memdiag's recording hook (for memdiag's own collectives)."""
-    import horovod.tensorflow.mpi_ops as mpi_ops
-
-    function = getattr(mpi_ops, attr)
-    while hasattr(function, "__wrapped__"):
-        function = function.__wrapped__
-    return function
-
-
 def _now() -> np.float64:
     return np.float64(time.perf_counter())
-
-
-def _op_safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "_." else "_" for c in name)
 
 
 def _describe_process_set(process_set: Any) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ from tests.helpers import ROOT
 pytestmark = pytest.mark.mpi
 
 
-def test_auto_densifies_the_assumed_sparse_table_and_keeps_the_truly_sparse_one():
+def test_auto_densifies_the_assumed_sparse_table_keeps_the_truly_sparse_one_and_merges_the_repetitive_one():
     cmd = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none"]
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
@@ -29,3 +29,6 @@ def test_auto_densifies_the_assumed_sparse_table_and_keeps_the_truly_sparse_one(
     # items: 2 ranks x 128 lookups x 264 bytes, far below 200,000 x 256 bytes of table
     assert decisions["items/embeddings:0"]["decision"] == "sparse"
     assert "auto:" in decisions["items/embeddings:0"]["reason"]
+    # tags: 2048 Zipf(1.5) lookups of a 50,000-row table, mostly repeats: merging gathers the fewest bytes
+    assert decisions["tags/embeddings:0"]["decision"] == "dedup"
+    assert "distinct" in decisions["tags/embeddings:0"]["reason"]
