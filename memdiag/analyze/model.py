@@ -7,7 +7,10 @@ Collective bytes follow :mod:`memdiag.formula` exactly. Peak memory per rank has
 - G(N) is the bytes one rank receives by allgather for one IndexedSlices gradient at N ranks (the
   formula). Which tensors are gathered depends on the mode: all in ``sparse``, none in ``dense``, those
   whose gathered bytes stay within the margin of their dense size in ``auto``, those the script left
-  sparse in ``as-written``.
+  sparse in ``as-written``. Merged (``dedup``, and ``auto`` where it merges), G(N) counts the distinct
+  rows U instead of the rows T: N x U_max x (row + index), U_max the largest U any rank measured in
+  the runs (``distinct_rows`` records); auto's choice between the three is
+  :func:`memdiag.policy.decide`'s.
 - k is what one gathered byte costs at the peak, and follows the reduce op. Horovod's sparse path with
   op=Average divides the gathered values by N into a second tensor as large as they are: the values are
   held twice, the indices once, so k = (2 x values + indices) / (values + indices), just under 2. With
@@ -45,6 +48,7 @@ from typing import Any, Callable, Iterator
 
 from memdiag._errors import UserError
 from memdiag.formula import SparseGradientShape
+from memdiag.policy import decide, guarded_distinct_rows
 
 AVERAGE, SUM = "average", "sum"
 GATHERING_OPS = (AVERAGE, SUM)  # the only ops Horovod 0.28.1 reduces an IndexedSlices with by allgather
@@ -53,7 +57,7 @@ SCAN_LIMIT = 1 << 20
 COMPUTE, COLLECTIVES = "compute", "collectives"
 
 # Where a mode was not measured, the model borrows the figures of a measured mode, nearest first.
-_BORROW = {"auto": ("dense", "sparse"), "dense": ("sparse",), "as-written": ("sparse",)}
+_BORROW = {"auto": ("dense", "sparse"), "dense": ("sparse",), "as-written": ("sparse",), "dedup": ("sparse",)}
 
 
 @dataclass
@@ -96,25 +100,37 @@ class MemoryModel:
 
     # -- bytes (exact) ----------------------------------------------------------------------------
 
-    def gathers(self, name: str, mode: str, world_size: int) -> bool:
-        """Whether ``mode`` reduces tensor ``name`` by allgather at ``world_size`` ranks."""
+    def reduction(self, name: str, mode: str, world_size: int) -> str:
+        """How ``mode`` reduces tensor ``name`` at ``world_size`` ranks: sparse, dedup or dense."""
         if world_size == 1 or mode == "dense" or self.reduce_op(name) not in GATHERING_OPS:
-            return False  # one rank runs no collective; other ops have no allgather path
+            return "dense"  # one rank runs no collective; other ops have no allgather path
+        t = self.tensors[name]
         if mode == "auto":
-            t = self.tensors[name]
-            return t.gathered(world_size) <= self.margin * t.dense()  # memdiag.policy.decide's rule
+            return decide("auto", name, world_size, t, self.margin).reduction  # memdiag.policy's rule
         if mode == "as-written":
-            return name not in self.script_densifies
-        return True
+            return "dense" if name in self.script_densifies else "sparse"
+        if mode == "dedup" and t.distinct_rows is not None:
+            return "dedup"
+        return "sparse"  # dedup without a measured U: counted as the allgather of every row
+
+    def gathers(self, name: str, mode: str, world_size: int) -> bool:
+        """Whether ``mode`` reduces tensor ``name`` by allgather (merged or not) at ``world_size`` ranks."""
+        return self.reduction(name, mode, world_size) != "dense"
+
+    def tensor_gathered(self, name: str, mode: str, world_size: int) -> int:
+        """G(N) of one tensor in ``mode``: its rows T gathered, its distinct rows U, or 0 (dense)."""
+        reduction, t = self.reduction(name, mode, world_size), self.tensors[name]
+        if reduction == "dense":
+            return 0
+        merged = t.merged(world_size) if reduction == "dedup" else None
+        return t.gathered(world_size) if merged is None else merged
 
     def gathered_bytes(self, mode: str, world_size: int) -> int:
-        return sum(t.gathered(world_size) for name, t in self.tensors.items()
-                   if self.gathers(name, mode, world_size))
+        return sum(self.tensor_gathered(name, mode, world_size) for name in self.tensors)
 
     def held_bytes(self, mode: str, world_size: int) -> float:
         """What the gathered buffers hold at the peak: each tensor's k x G(N)."""
-        return sum(self.cost(name) * t.gathered(world_size) for name, t in self.tensors.items()
-                   if self.gathers(name, mode, world_size))
+        return sum(self.cost(name) * self.tensor_gathered(name, mode, world_size) for name in self.tensors)
 
     def collective_bytes(self, mode: str, world_size: int) -> int:
         """Bytes each rank receives per step (exact, from the formula)."""
@@ -213,14 +229,22 @@ class MemoryModel:
 
 
 def _last_sparse_ranks(t: SparseGradientShape, margin: float) -> int:
-    """The largest N at which auto still gathers ``t`` (gathered <= margin x dense), exactly."""
+    """The largest N at which auto still gathers ``t``, merged or not, exactly. Both gathered costs
+    grow through 0 as N, so the choice between them does not change with N; only the dense cost is
+    flat: the last N is where the cheaper of the two (with U x guard) still stays within margin x dense."""
+    def gathers(n: int) -> bool:
+        return decide("auto", "t", n, t, margin).reduction != "dense"
+
     per_rank = t.gathered(1)
+    if t.distinct_rows is not None:
+        per_rank = min(per_rank, guarded_distinct_rows(t.distinct_rows, t.rows_per_rank)
+                       * (t.row_bytes + t.index_bytes))
     if not per_rank:
         return SCAN_LIMIT
     n = int(margin * t.dense() // per_rank)
-    while t.gathered(n + 1) <= margin * t.dense():  # float margin: settle the rounding on the rule itself
+    while n < SCAN_LIMIT and gathers(n + 1):  # float margin: settle the rounding on the rule itself
         n += 1
-    while n > 0 and t.gathered(n) > margin * t.dense():
+    while n > 0 and not gathers(n):
         n -= 1
     return max(n, 1)
 
@@ -230,7 +254,9 @@ def _last_sparse_ranks(t: SparseGradientShape, margin: float) -> int:
 def tensors_from_summary(summary: dict[str, Any]) -> dict[str, SparseGradientShape]:
     """The IndexedSlices gradients of a run, with the sizes its policy records carry."""
     keys = ("rows_per_rank", "row_bytes", "index_bytes", "dense_rows", "row_elements")
-    return {p["name"]: SparseGradientShape(**{k: p[k] for k in keys})
+    # U: the most distinct rows any rank measured at any step (older summaries have none)
+    distinct = {d["name"]: d["distinct_rows_max"] for d in summary.get("distinct_rows", [])}
+    return {p["name"]: SparseGradientShape(**{k: p[k] for k in keys}, distinct_rows=distinct.get(p["name"]))
             for p in summary.get("policy", []) if all(p.get(k) is not None for k in keys)}
 
 
