@@ -18,7 +18,8 @@ class RunCommand:
                             help="number of MPI ranks")
         parser.add_argument("--mode", type=mode_choice, default=None,
                             help="as-written (a script's default: change nothing) | sparse (allgather every "
-                                 "IndexedSlices, a workload's default) | dense (densify every one) | auto")
+                                 "IndexedSlices, a workload's default) | dense (densify every one) | dedup (sum "
+                                 "duplicate rows, then allgather) | auto (the cheapest of the three, per tensor)")
         parser.add_argument("--out", help="run directory to create (default runs/NAME-MODE-nN-TIME)")
         add_launch_options(parser, default_steps=5)
 
