@@ -18,7 +18,8 @@ class CompareCommand:
         parser.add_argument("target", help="built-in workload or path to a .py script")
         parser.add_argument("-n", "--ranks", dest="ranks", default="1,2,4",
                             help="comma-separated rank counts (default 1,2,4)")
-        parser.add_argument("--modes", default="sparse,dense,auto", help="modes to run (default sparse,dense,auto; dedup and as-written on request)")
+        parser.add_argument("--modes", default="sparse,dense,auto",
+                            help="modes to run (default sparse,dense,auto; dedup and as-written on request)")
         parser.add_argument("--out", help="directory for the comparison (default runs/compare-NAME-TIME)")
         parser.add_argument("--repeats", type=positive_int("--repeats"), default=1,
                             help="runs of each configuration, interleaved; their spread is the noise (default 1)")
