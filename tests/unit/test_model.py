@@ -222,3 +222,25 @@ def test_as_written_keeps_what_the_script_asked_for():
     model = build_model([two_regime_summary(4, "as-written", 1_000_000, 2_000_000, emb)])
     assert model.gathered_bytes("as-written", 8) == 8 * 10 * 404  # only the table the script left sparse
     assert model.gathered_bytes("sparse", 8) == 8 * (ROWS + 10) * 404
+
+
+def test_merged_bytes_are_predicted_from_the_largest_distinct_rows_measured():
+    # GIVEN the reference embedding (T = 5000 rows of 4096 + 4 bytes, table 33945 rows) whose runs
+    # recorded 1568-1663 distinct rows per rank
+    def run(n: int, mode: str) -> dict:
+        shape = dict(rows_per_rank=5000, row_bytes=4096, index_bytes=4, dense_rows=33945, row_elements=1024)
+        return {"world_size": n, "mode": mode, "peak_rss_bytes_max": 1e9, "ranks": [],
+                "policy": [{"name": "emb", "decision": "sparse", **shape}],
+                "distinct_rows": [{"name": "emb", "rows_max": 5000, "distinct_rows_min": 1568,
+                                   "distinct_rows_max": 1663}],
+                "collectives": []}
+
+    model = build_model([run(2, "sparse"), run(4, "sparse"), run(4, "dedup")])
+    # THEN dedup gathers N x 1663 x 4100 bytes (8 ranks: 54,546,400), sparse N x 5000 x 4100
+    assert model.collective_bytes("dedup", 8) == 54_546_400
+    assert model.collective_bytes("sparse", 8) == 164_000_000
+    # AND auto merges while N x ceil(1663 x 1.25) = N x 2079 rows stay within the table (139,038,720 B):
+    # 16 x 2079 x 4100 = 136,382,400 merged; 17 ranks would gather 144,906,300, so dense from 17
+    assert model.collective_bytes("auto", 16) == 16 * 1663 * 4100
+    assert model.collective_bytes("auto", 17) == 33945 * 4096
+    assert 16 in model.switch_points("auto") and 17 in model.switch_points("auto")
