@@ -229,12 +229,13 @@ class CollectiveHooks:
                             origins[i] = replace(origin, sparse=True)
                             continue
                         decision = self.policy.decide(name, grad, var, script_densifies, process_set)
-                        if decision.densify:
-                            grads[i] = self.policy.densify(grad)
-                        elif decision.merge:
+                        if decision.merge:
                             grads[i] = self._merge(name, grad)
-                        elif self.policy.mode != "as-written":
-                            self._record_distinct(name, grad)
+                        else:
+                            if self.policy.mode != "as-written":  # as written, nothing is added to the job
+                                self._record_distinct(name, grad)
+                            if decision.densify:
+                                grads[i] = self.policy.densify(grad)
                         origin = replace(origin, sparse=True, densified=decision.densify, merged=decision.merge)
                     origins[i] = origin
                 if not self._initial_recorded and self.variables:

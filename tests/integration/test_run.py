@@ -74,6 +74,10 @@ def test_dense_mode_allreduces_the_whole_table(dense_run):
     assert entry["bytes_out_per_rank"] == TINY.vocab_size * TINY.d_model * 4
     assert all(r["allgather_bytes_per_step"] == 0 for r in summary["ranks"])
     assert summary["policy"][0]["decision"] == "dense"
+    # U is recorded whatever the reduction, every step, so a report can compare it with T
+    [distinct] = summary["distinct_rows"]
+    assert distinct["steps"] == 3 and distinct["rows_max"] == TINY.batch_size * TINY.seq_len
+    assert 0 < distinct["distinct_rows_max"] < distinct["rows_max"] and distinct["merge_s_median"] is None
 
 
 def test_dedup_gathers_the_distinct_rows_of_every_rank(runs_root):
