@@ -192,9 +192,27 @@ def script_text(summary: dict[str, Any]) -> Text:
         if p.get("overridden"):
             text.append(f"the script asked for sparse_as_dense={p.get('script_sparse_as_dense')} for "
                         f"{p['name']}; this run used {p['decision']}\n", style="yellow")
+    policies = {p["name"]: p for p in summary.get("policy", [])}
     for d in summary.get("distinct_rows", []):
         text.append(distinct_rows_line(d) + "\n")
+        outgrown = guard_outgrown(d, policies.get(d["name"]))
+        if outgrown:
+            text.append(outgrown + "\n", style="yellow")
     return text
+
+
+def guard_outgrown(d: dict[str, Any], policy: dict[str, Any] | None) -> str | None:
+    """auto decided from the first step's U times the guard: say so when a later U went beyond it."""
+    from memdiag.policy import guarded_distinct_rows
+
+    if not policy or policy.get("mode") != "auto" or policy.get("distinct_rows") is None:
+        return None
+    planned = guarded_distinct_rows(policy["distinct_rows"], policy["rows_per_rank"], policy.get("dedup_guard") or 1.0)
+    if d["distinct_rows_max"] <= planned:
+        return None
+    return (f"  {d['name']}: U reached {d['distinct_rows_max']}, beyond the {planned} rows auto planned for "
+            f"(first step's {policy['distinct_rows']} x guard {policy.get('dedup_guard')}): its choice "
+            f"({policy['decision']}) may no longer be the cheapest")
 
 
 def distinct_rows_line(d: dict[str, Any]) -> str:
