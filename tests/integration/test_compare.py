@@ -7,7 +7,9 @@ import pytest
 from memdiag.workloads.configs import PRESETS
 from tests.helpers import memdiag, read_json
 
-pytestmark = pytest.mark.mpi
+# The shared comparison runs four modes at two rank counts, then the verification: more than the
+# default 600 s on 2 shared cores under load.
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(1500)]
 TINY = PRESETS["transformer"]["tiny"]
 
 
