@@ -37,8 +37,12 @@ def main() -> None:
         tape = mdt.DistributedGradientTape(tape, mode="auto")
         variables = (words.trainable_variables + items.trainable_variables + tags.trainable_variables
                      + head.trainable_variables)
-        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        grads = tape.gradient(loss, variables)
+        optimizer.apply_gradients(zip(grads, variables))
         step.policy = tape.memdiag_policy
+        # what the optimizer is handed (known when the step is traced): dense or IndexedSlices
+        step.handed = {v.name: "IndexedSlices" if isinstance(g, tf.IndexedSlices) else "dense"
+                       for g, v in zip(grads, variables)}
         return loss
 
     for _ in range(2):
@@ -48,7 +52,7 @@ def main() -> None:
     if hvd.rank() == 0:
         decisions = {name: {"decision": d.reduction, "reason": d.reason}
                      for name, d in step.policy.decisions.items()}
-        print(json.dumps({"loss": float(loss), "decisions": decisions}))
+        print(json.dumps({"loss": float(loss), "decisions": decisions, "handed": step.handed}))
 
 
 if __name__ == "__main__":

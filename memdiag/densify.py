@@ -104,14 +104,18 @@ class DensifyPolicy:
 
     def decide_rows(self, name: str, shape: SparseGradientShape, local_rows: int, agreed_rows: int,
                     script_densifies: bool, world: int, local_distinct: int | None = None,
-                    agreed_distinct: int | None = None) -> Decision:
+                    agreed_distinct: int | None = None, dense_output: bool = False) -> Decision:
         """The decision for a tensor whose rows (and distinct rows) were measured when the step ran,
         and agreed."""
         if name not in self.decisions:
             shape = replace(shape, rows_per_rank=agreed_rows, distinct_rows=agreed_distinct)
             decision = decide(self.mode, name, world, shape, self.margin, script_densifies, local_rows,
                               local_distinct)
-            decision = replace(decision, reason=decision.reason + "; rows measured when the first step ran")
+            note = "; rows measured when the first step ran"
+            if dense_output and decision.reduction != "dense":
+                note += ("; the gathered rows are summed into a dense gradient for the optimizer (the step "
+                         "was traced for a dense one)")
+            decision = replace(decision, reason=decision.reason + note)
             self.decisions[name] = decision
             if self.on_decision is not None:
                 self.on_decision(decision)
@@ -128,15 +132,23 @@ class DensifyPolicy:
     def reduce_at_run_time(self, name: str, grad: tf.IndexedSlices, var: Any, script_densifies: bool, world: int,
                            process_set: Any, allreduce: Callable[[Any, str], Any],
                            merge: Callable[[tf.IndexedSlices], tf.IndexedSlices] | None = None,
-                           count: Callable[[tf.IndexedSlices], None] | None = None) -> tf.IndexedSlices:
+                           count: Callable[[tf.IndexedSlices], None] | None = None) -> Any:
         """``auto`` in a graph, where the distinct rows U (and for a batch of unknown size the rows T)
         are only known when the step runs: at the first step every rank measures T and U, they agree
         on the largest of each (one max-allreduce of the pair, on the gradient's process set), the
         policy decides, and the decision, kept in a variable, picks the branch of a ``tf.switch_case``
         at every step: allgather, merge then allgather, or dense allreduce. Every rank takes the same
         branch. ``allreduce(tensor, reduction)`` is the caller's reduction (Horovod's, with the job's op
-        and compression); ``merge`` and ``count`` let the caller record U. The dense branch's result
-        reaches the optimizer as IndexedSlices over every row (the branches return one type)."""
+        and compression); ``merge`` and ``count`` let the caller record U.
+
+        The branches return one type, chosen when the step is traced. Where the rows T are known then
+        (a static batch), every rank agrees on the largest T and the two-way choice of T alone decides
+        it: when the dense allreduce beats the allgather of every row, the branches return a dense
+        gradient (the merged rows, if merging wins at run time, are summed into one), so the optimizer
+        takes the same update as under ``sparse_as_dense``; otherwise dense cannot win at run time
+        (merging never gathers more than every row) and the branches return IndexedSlices. Where T is
+        unknown until the step runs, a dense choice reaches the optimizer as IndexedSlices over every
+        row."""
         import horovod.tensorflow as hvd
 
         from memdiag.policy import REDUCTIONS
@@ -149,9 +161,17 @@ class DensifyPolicy:
                 flag = tf.Variable(-1, dtype=tf.int64, trainable=False, name="memdiag_decision")
             self._flags[name] = flag
 
+        dense_output = False
+        static = sparse_shape(grad, var)
+        if static is not None:
+            rows = self.agree(static.rows_per_rank, process_set, name + ":traced")
+            dense_output = decide(self.mode, name, world, replace(static, rows_per_rank=rows, distinct_rows=None),
+                                  self.margin, script_densifies).densify
+
         def decide_now(local: Any, agreed: Any) -> Any:
             mine, most = local.numpy().tolist(), agreed.numpy().tolist()
-            decision = self.decide_rows(name, shape, mine[0], most[0], script_densifies, world, mine[1], most[1])
+            decision = self.decide_rows(name, shape, mine[0], most[0], script_densifies, world, mine[1], most[1],
+                                        dense_output=dense_output)
             return np.int64(REDUCTIONS.index(decision.reduction))
 
         def first_step() -> Any:
@@ -165,20 +185,25 @@ class DensifyPolicy:
 
         choice = tf.cond(flag < 0, first_step, flag.read_value)
 
+        def output(reduced: Any) -> Any:
+            return tf.convert_to_tensor(reduced) if dense_output else reduced
+
         def dense() -> Any:
             if count is not None:
                 count(grad)
             reduced = allreduce(self.densify(grad), "dense")
+            if dense_output:
+                return reduced
             rows = tf.range(tf.shape(reduced, out_type=grad.indices.dtype)[0])
             return tf.IndexedSlices(reduced, rows, grad.dense_shape)
 
         def merged() -> Any:
-            return allreduce((merge or self.merge)(grad), "dedup")
+            return output(allreduce((merge or self.merge)(grad), "dedup"))
 
         def sparse() -> Any:
             if count is not None:
                 count(grad)
-            return allreduce(grad, "sparse")
+            return output(allreduce(grad, "sparse"))
 
         branches = {"sparse": sparse, "dedup": merged, "dense": dense}
         return tf.switch_case(tf.cast(choice, tf.int32), [branches[r] for r in REDUCTIONS])

@@ -32,3 +32,8 @@ def test_auto_densifies_the_assumed_sparse_table_keeps_the_truly_sparse_one_and_
     # tags: 2048 Zipf(1.5) lookups of a 50,000-row table, mostly repeats: merging gathers the fewest bytes
     assert decisions["tags/embeddings:0"]["decision"] == "dedup"
     assert "distinct" in decisions["tags/embeddings:0"]["reason"]
+    # the optimizer takes the densified table as a dense gradient (as under sparse_as_dense), the
+    # gathered ones as IndexedSlices: the step's batch is static, so the type is settled when it is traced
+    handed = report["handed"]
+    assert handed["words/embeddings:0"] == "dense"
+    assert handed["items/embeddings:0"] == handed["tags/embeddings:0"] == "IndexedSlices"
