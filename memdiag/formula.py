@@ -78,6 +78,14 @@ class SparseGradientShape:
         per_rank = self.rows_per_rank * self.row_elements
         return MPI_COUNT_LIMIT // per_rank + 1 if per_rank else None
 
+    def merged_overflow_ranks(self) -> int | None:
+        """Smallest N whose merged gathered values (U rows per rank) no longer fit in MPI's 32-bit
+        counts; None when U was not measured."""
+        if self.distinct_rows is None:
+            return None
+        per_rank = self.distinct_rows * self.row_elements
+        return MPI_COUNT_LIMIT // per_rank + 1 if per_rank else None
+
     def gathered(self, world_size: int) -> int:
         return gathered_bytes(world_size, self.rows_per_rank, self.row_bytes, self.index_bytes)
 

@@ -359,6 +359,9 @@ def prediction_table(model: MemoryModel, rank_counts: list[int], modes: list[str
         "compute_peak_bytes": {m: model.compute_peak_of(m) for m in modes},
         "collective_base_bytes": {m: model.collective_base(m) for m in modes},
         "count_overflow": {name: shape.overflow_ranks() for name, shape in model.tensors.items()},
+        # merging first gathers U rows per rank, not T: its own limit, where U was measured
+        "count_overflow_merged": {name: shape.merged_overflow_ranks() for name, shape in model.tensors.items()
+                                  if shape.merged_overflow_ranks() is not None},
         "cost_per_gathered_byte": model.cost_per_gathered_byte,
         "reduce_ops": {name: model.reduce_op(name) for name in model.tensors},
         "fitted_cost_per_gathered_byte": model.fitted_cost,

@@ -114,6 +114,9 @@ def notes(table: dict[str, Any]) -> Text:
     for name, n in table["count_overflow"].items():
         if n:
             text.append(f"{short_name(name, scope)}: gathered values pass MPI's 32-bit count limit at N = {n}\n")
+    for name, n in table.get("count_overflow_merged", {}).items():
+        if n:
+            text.append(f"{short_name(name, scope)}: merged values (U rows per rank) pass it at N = {n}\n")
     return text
 
 

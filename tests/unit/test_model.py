@@ -2,6 +2,7 @@ import pytest
 
 from memdiag.analyze.model import build_model, prediction_table
 from memdiag.formula import SparseGradientShape
+from memdiag.report.predict import notes
 
 ROWS, ROW_BYTES, INDEX, DENSE_ROWS, WIDTH = 1000, 400, 4, 500, 100
 
@@ -59,6 +60,10 @@ def test_budget_and_32_bit_count_limit():
     assert table["ranks_over_budget"]["dense"] is None
     assert table["count_overflow"]["emb"] == (2**31 - 1) // (ROWS * WIDTH) + 1
     assert SparseGradientShape(5000, 4096, 4, 33945, 1024).overflow_ranks() == 420
+    # merged first: U = 1000 distinct rows of 1024 floats per rank; 2**31 - 1 = 2097 x 1,024,000 + 1,035,647
+    merged = SparseGradientShape(5000, 4096, 4, 33945, 1024, distinct_rows=1000)
+    assert merged.merged_overflow_ranks() == 2098 and merged.overflow_ranks() == 420
+    assert SparseGradientShape(5000, 4096, 4, 33945, 1024).merged_overflow_ranks() is None
 
 
 # -- two regimes: max(compute peak, collective base + k x G(N)) -------------------------------------
@@ -244,3 +249,8 @@ def test_merged_bytes_are_predicted_from_the_largest_distinct_rows_measured():
     assert model.collective_bytes("auto", 16) == 16 * 1663 * 4100
     assert model.collective_bytes("auto", 17) == 33945 * 4096
     assert 16 in model.switch_points("auto") and 17 in model.switch_points("auto")
+    # AND MPI's 32-bit counts: 1663 x 1024 elements per rank merged, 5000 x 1024 gathered whole
+    table = prediction_table(model, [8], ["sparse", "dedup"])
+    assert table["count_overflow"]["emb"] == (2**31 - 1) // (5000 * 1024) + 1 == 420
+    assert table["count_overflow_merged"]["emb"] == (2**31 - 1) // (1663 * 1024) + 1 == 1262
+    assert "emb: merged values (U rows per rank) pass it at N = 1262" in notes(table).plain
