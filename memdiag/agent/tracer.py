@@ -53,6 +53,7 @@ class Tracer:
         self._reported_waits: set[tuple] = set()
         self._window: list[float | None] = [None, None]  # the step's collective window (start, end)
         self._live_bytes = 0
+        self._quotient_bytes = 0
         self.on_step_end: list[Callable[[int], dict[str, Any] | None]] = []
         self.step_peaks: list[int] = []  # peak RSS of each training step (step >= 0), in order
 
@@ -65,6 +66,7 @@ class Tracer:
             self._received = []
             self._window = [None, None]
             self._live_bytes = 0
+            self._quotient_bytes = 0
 
     def end_step(self, step: int | None = None, **extra: Any) -> None:
         """Write the step's memory record and everything buffered during it, then flush."""
@@ -89,7 +91,7 @@ class Tracer:
                 "sampled_peak_rss_bytes": sampled,
                 "hwm_bytes": hwm,
                 **phase_rises(times, rss, start, end),
-                "collective_live_peak_bytes": self._live_bytes,
+                "collective_live_peak_bytes": self._live_bytes + self._quotient_bytes,
             }
             for hook in self.on_step_end:
                 record.update(hook(step) or {})
@@ -134,7 +136,8 @@ class Tracer:
             self.writer.add(record)
             if meta.get("gradient"):
                 self._window[1] = record["t"]
-            self._live_bytes += record["bytes_out"] * live_copies(meta)
+            self._live_bytes += record["bytes_out"]
+            self._quotient_bytes = max(self._quotient_bytes, quotient_bytes(meta, record["bytes_out"]))
             key = (meta["op"], meta["name"], meta.get("part"))
             self._pending.pop(key, None)
             self._reported_waits.discard(key)
@@ -192,11 +195,13 @@ class Tracer:
         self.begin_step(self.step + 1)
 
 
-def live_copies(meta: dict[str, Any]) -> int:
-    """How many buffers of a collective's output size stay alive: Horovod averages gathered values
-    into a second tensor (values / N); everything else is held once."""
+def quotient_bytes(meta: dict[str, Any], bytes_out: int) -> int:
+    """The second buffer a collective's output needs for a moment: Horovod divides gathered values by
+    N (op=Average) into a tensor as large, and frees the dividend when the division ends. A step's live
+    collective bytes are every output it received plus the largest such quotient
+    (memdiag.analyze.model.MemoryModel.held_bytes)."""
     averaged = meta.get("reduce_op") in (None, "average")
-    return 2 if meta["op"] == "allgather" and meta.get("part") == "values" and averaged else 1
+    return bytes_out if meta["op"] == "allgather" and meta.get("part") == "values" and averaged else 0
 
 
 def phase_rises(times: list[float], rss: list[int], start: float | None, end: float | None) -> dict[str, Any]:
