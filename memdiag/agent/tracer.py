@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from memdiag.agent.records import RecordWriter
+from memdiag.agent.records import CollectiveRecords, RecordWriter, SeriesPolicy, mem_record
 from memdiag.agent.sampler import MemorySampler, read_hwm
 
 SETUP_STEP = -1
@@ -56,6 +56,8 @@ class Tracer:
         self._quotient_bytes = 0
         self.on_step_end: list[Callable[[int], dict[str, Any] | None]] = []
         self.step_peaks: list[int] = []  # peak RSS of each training step (step >= 0), in order
+        self._collective_records = CollectiveRecords(writer)  # compact after the first steps
+        self._series = SeriesPolicy()  # which steps' mem records keep their samples
 
     # -- steps -------------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
@@ -101,7 +103,7 @@ class Tracer:
             if step >= 0:
                 self.step_peaks.append(peak)
             if times:
-                self.writer.add({"type": "mem", "step": step, "times": times, "rss": rss})
+                self.writer.add(mem_record(step, times, rss, start, end, self._series.keep(step, start)))
             self.writer.add(record)
             self.writer.flush()
 
