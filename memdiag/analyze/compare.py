@@ -224,7 +224,11 @@ def build(target: str, preset: str | None, run_dirs: Mapping[tuple[int, str], st
         "oversubscribed": any(s.get("oversubscribed") for s in summaries.values()),
         "all_ok": all(r["status"] == "ok" for r in rows),
         "noise_bytes": noise(rows),
+        "noise_source": "repeats" if noise(rows) is not None else None,
     }
+    if result["noise_bytes"] is None:
+        result["noise_bytes"] = rank_noise(summaries)
+        result["noise_source"] = "ranks" if result["noise_bytes"] is not None else None
     result["physics"] = physics(result, summaries)
     return result
 
@@ -246,6 +250,20 @@ def with_repeats(row: CompareRow, runs: list[dict[str, Any]]) -> CompareRow:
 def noise(rows: Sequence[Mapping[str, Any]]) -> float | None:
     """The run-to-run noise of a per-rank peak: the largest spread over the repeated configurations."""
     spreads = [r["peak_spread_bytes"] for r in rows if r.get("peak_spread_bytes") is not None]
+    return max(spreads) if spreads else None
+
+
+def rank_noise(summaries: Mapping[tuple[int, str], Mapping[str, Any]]) -> float | None:
+    """Without repeats, the noise floor one run gives: the largest spread of the steady peaks between the
+    ranks of one run (N >= 2), which run the same program on the same data sizes. It is larger than the
+    run-to-run noise where ranks differ systematically (rank 0 saves the parameters), so it errs on the
+    side of "within noise"."""
+    spreads = []
+    for (n, _), summary in summaries.items():
+        peaks = [r.get("steady_peak_rss_bytes") for r in summary.get("ranks", [])]
+        found = [p for p in peaks if p]
+        if n >= 2 and summary.get("status") == "ok" and len(found) >= 2:
+            spreads.append(max(found) - min(found))
     return max(spreads) if spreads else None
 
 
@@ -297,4 +315,5 @@ def physics(result: dict[str, Any], summaries: dict[tuple[int, str], dict[str, A
         "phases": {mode: {str(n): summaries[(n, mode)].get("peak_phase") for n in counts if (n, mode) in summaries}
                    for mode in sorted({m for _, m in summaries})},
         "noise_bytes": noise_bytes,
+        "noise_source": result.get("noise_source"),
     }

@@ -145,8 +145,13 @@ def physics_verdict(result: dict[str, Any]) -> Text:
     if parts:
         text.append("; ".join(parts) + ".", style="bold")
         noise = p.get("noise_bytes")
-        text.append(f" Run-to-run noise: {format_bytes(noise)}.\n" if noise is not None
-                    else " Run-to-run noise not measured (--repeats 1).\n")
+        if noise is None:
+            text.append(" Run-to-run noise not measured (--repeats 1).\n")
+        elif p.get("noise_source") == "ranks":
+            text.append(f" Noise: {format_bytes(noise)}, the largest spread between the ranks of one run "
+                        "(--repeats R measures run-to-run noise).\n")
+        else:
+            text.append(f" Run-to-run noise: {format_bytes(noise)}.\n")
     for mode, phases in (p.get("phases") or {}).items():
         known = [(int(n), phase) for n, phase in phases.items() if phase and int(n) > 1]
         if not known:
