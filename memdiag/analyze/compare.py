@@ -178,7 +178,12 @@ def correctness(run_dirs: dict[tuple[int, str], str], summaries: dict[tuple[int,
 
 
 def _losses(summary: dict[str, Any]) -> list[float | None]:
-    return [s["loss_mean"] for s in summary.get("steps_detail", [])]
+    """The loss of each requested step: warm-up steps (``--max-warmup``, added where a run's peaks had
+    not settled) differ in number between runs and are left out, as the compared parameters are saved
+    after the requested steps."""
+    requested = summary.get("steps")
+    return [s["loss_mean"] for s in summary.get("steps_detail", [])
+            if not isinstance(requested, int) or s.get("step", 0) < requested]
 
 
 def headline(rows: Sequence[Mapping[str, Any]]) -> str | None:
