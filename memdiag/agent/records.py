@@ -157,7 +157,7 @@ class CollectiveRecords:
     def __init__(self, writer: RecordWriter) -> None:
         self.writer = writer
         self._lock = threading.Lock()
-        self._kinds: dict[Hashable, tuple[int, list[int], list[int]]] = {}
+        self._kinds: dict[Hashable, tuple[int, Any, Any]] = {}  # kind -> (number, shapes of its first call)
         self._step: int | None = None
         self._t0 = 0.0
         self._kind: list[int] = []

@@ -124,6 +124,7 @@ class Tracer:
                 "name": meta["name"],
                 "part": meta.get("part"),
                 "dtype": meta["dtype"],
+                "itemsize": itemsize,
                 "shape_in": shape_in,
                 "shape_out": shape_out,
                 "bytes_in": math.prod(shape_in) * itemsize,
@@ -135,7 +136,7 @@ class Tracer:
                 "reduce_op": meta.get("reduce_op"),
                 "process_set_size": meta.get("process_set_size"),
             }
-            self.writer.add(record)
+            self._collective_records.add(record)
             if meta.get("gradient"):
                 self._window[1] = record["t"]
             self._live_bytes += record["bytes_out"]
