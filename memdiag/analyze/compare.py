@@ -222,6 +222,9 @@ def build(target: str, preset: str | None, run_dirs: Mapping[tuple[int, str], st
         # rank is fitted from N >= 2 where two such rank counts exist.
         "growth_bytes_per_rank": growth(rows, "peak_rss_bytes_max", fit_from),
         "collective_growth_bytes_per_rank": growth(rows, "collective_bytes_per_rank", fit_from),
+        # The exact side: the peak bytes of collective outputs alive, from the hooks (no RSS noise).
+        "live_growth_bytes_per_rank": growth([r for r in rows if r.get("collective_live_peak_bytes") is not None],
+                                             "collective_live_peak_bytes", fit_from),
         "growth_fitted_from_world_size": fit_from,
         "predicted_growth_bytes_per_rank": predicted_growth(summaries),
         "tensors": growth_tensors(summaries),
@@ -306,11 +309,21 @@ def physics(result: dict[str, Any], summaries: dict[tuple[int, str], dict[str, A
     auto_peak = peak(largest, "auto")
     sparse_peak = peak(largest, "sparse")
     densified = [t["name"] for t in result.get("tensors", []) if t.get("auto_decision") == "dense"]
+    sparse_growth = result["growth_bytes_per_rank"].get("sparse")
+    predicted_rss = None if predicted is None or k is None else k * predicted
+    fitted = [n for n in counts if (n, "sparse") in by_key and n >= result.get("growth_fitted_from_world_size", 1)]
+    # The fitted growth against k x the formula, as the difference it makes to the peak across the
+    # rank counts fitted: no larger than the noise, the two agree within noise.
+    growth_within_noise = None
+    if sparse_growth is not None and predicted_rss is not None and noise_bytes is not None and len(fitted) >= 2:
+        growth_within_noise = abs(sparse_growth - predicted_rss) * (fitted[-1] - fitted[0]) <= noise_bytes
     return {
         "largest_world_size": largest,
         "cost_per_gathered_byte": k,
-        "sparse_growth_bytes_per_rank": result["growth_bytes_per_rank"].get("sparse"),
-        "predicted_rss_growth_bytes_per_rank": None if predicted is None or k is None else k * predicted,
+        "sparse_growth_bytes_per_rank": sparse_growth,
+        "predicted_rss_growth_bytes_per_rank": predicted_rss,
+        "sparse_growth_within_noise": growth_within_noise,
+        "sparse_live_growth_bytes_per_rank": (result.get("live_growth_bytes_per_rank") or {}).get("sparse"),
         "dense_change": None if not dense_low or dense_high is None else (dense_high - dense_low) / dense_low,
         "dense_peak_bytes": dense_high if dense_high is not None else peak(largest, "dense"),
         "auto_densified": densified,

@@ -124,7 +124,12 @@ def physics_verdict(result: dict[str, Any]) -> Text:
         part = f"sparse allgather adds {_signed(growth)} per rank for each added rank"
         if predicted:
             part += (f" (k x formula: {_signed(predicted)}, k = {p['cost_per_gathered_byte']:.2f}; "
-                     f"measured/predicted {growth / predicted:.2f})")
+                     f"measured/predicted {growth / predicted:.2f}")
+            if p.get("sparse_growth_within_noise") is not None:
+                part += ", within noise" if p["sparse_growth_within_noise"] else ", beyond noise"
+            part += ")"
+        if p.get("sparse_live_growth_bytes_per_rank") is not None:
+            part += f"; its live collective buffers {_signed(p['sparse_live_growth_bytes_per_rank'])} (exact)"
         parts.append(part)
     if p.get("dense_peak_bytes") is not None:
         part = f"dense stays at {format_bytes(p['dense_peak_bytes'])}"
