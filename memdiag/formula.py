@@ -95,5 +95,8 @@ class SparseGradientShape:
             return None
         return merged_bytes(world_size, self.distinct_rows, self.row_bytes, self.index_bytes)
 
+    def gathered_values(self, world_size: int) -> int:
+        return gathered_values_bytes(world_size, self.rows_per_rank, self.row_bytes)
+
     def dense(self) -> int:
         return dense_bytes(self.dense_rows, self.row_bytes)

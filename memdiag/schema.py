@@ -50,12 +50,23 @@ class StepRecord(_Record, total=False):
 
 class MemRecord(_Record, total=False):
     step: int
-    times: list[float]
+    n: int  # samples taken in the step
+    t_first: float
+    rss_first: int
+    t_last: float
+    rss_last: int
+    rss_min: int
+    rss_max: int
+    t_max: float  # when rss_max was first seen
+    rss_mean: float
+    rss_max_window: int  # the largest sample inside the step's collective window
+    times: list[float]  # the samples themselves, on the steps that keep them (docs/records.md)
     rss: list[int]
 
 
 class CollectiveRecord(_Record, total=False):
     step: int
+    kind: int  # the number of its kind: what collective_calls records refer to
     op: str
     name: str
     part: str | None
@@ -72,6 +83,16 @@ class CollectiveRecord(_Record, total=False):
     gradient: bool
     reduce_op: str | None
     process_set_size: int | None
+
+
+class CollectiveCallsRecord(_Record, total=False):
+    """The calls of a step from step 32 on, after each kind's first full record."""
+
+    step: int
+    t0: float
+    kind: list[int]  # the kind of each call, in order of completion
+    us: list[int]  # each call's completion, microseconds after t0
+    shapes: list[Any]  # [index, shape_in, shape_out] of calls whose shapes differ from their kind's first
 
 
 class PolicyRecord(_Record, total=False):
@@ -144,12 +165,12 @@ class EndRecord(_Record, total=False):
 
 
 # Every record type a rank writes; those with a class above have their fields declared there.
-RECORD_TYPES = ("start", "choices", "collective", "policy", "params_initial", "params_final", "mem", "step",
-                "distinct_rows", "reduction_check", "waiting", "killed", "end")
+RECORD_TYPES = ("start", "choices", "collective", "collective_calls", "policy", "params_initial", "params_final",
+                "mem", "step", "distinct_rows", "reduction_check", "waiting", "killed", "end")
 RECORD_CLASSES: dict[str, type] = {
     "start": StartRecord, "step": StepRecord, "mem": MemRecord, "collective": CollectiveRecord,
-    "policy": PolicyRecord, "distinct_rows": DistinctRowsRecord, "reduction_check": ReductionCheckRecord,
-    "waiting": WaitingRecord, "killed": KilledRecord, "end": EndRecord,
+    "collective_calls": CollectiveCallsRecord, "policy": PolicyRecord, "distinct_rows": DistinctRowsRecord,
+    "reduction_check": ReductionCheckRecord, "waiting": WaitingRecord, "killed": KilledRecord, "end": EndRecord,
 }
 
 

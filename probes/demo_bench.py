@@ -56,16 +56,21 @@ def parts_of(run_dir: str) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--keep", metavar="DIR", help="keep each comparison in DIR/repeat-K and its report in "
+                                                       "DIR/repeat-K.txt")
     args, rest = parser.parse_known_args()
     compare_args = (rest[1:] if rest and rest[0] == "--" else rest) or DEFAULT
     totals: dict[str, list[float]] = {part: [] for part in (*PARTS, "comparison")}
     for repeat in range(args.repeats):
         with tempfile.TemporaryDirectory(prefix="memdiag-demo-") as work:
-            out = os.path.join(work, "compare")
+            out = os.path.join(args.keep or work, f"repeat-{repeat + 1}" if args.keep else "compare")
             began = time.monotonic()
             done = subprocess.run([sys.executable, "-m", "memdiag", "compare", "sparse-vs-dense", *compare_args,
                                    "--out", out], capture_output=True, text=True, stdin=subprocess.DEVNULL)
             wall = time.monotonic() - began
+            if args.keep:
+                with open(out + ".txt", "w", encoding="utf-8") as f:
+                    f.write(done.stdout)
             if done.returncode not in (0, 1):
                 raise SystemExit(f"compare failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
             summed = {part: 0.0 for part in PARTS}

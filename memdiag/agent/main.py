@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 import traceback
 from typing import Any, Callable
 
@@ -108,13 +109,30 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the record file
         status, error, exit_code = "error", "".join(traceback.format_exception(exc)), 1
         print(f"memdiag: rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    if status == "ok":
+        _let_horovod_timeline_drain(os.environ.get("HOROVOD_TIMELINE", ""))
     if tracker is not None:
         tracker.__exit__(None, None, None)
     sampler.stop()
     writer.write_now({"type": "end", "status": status, "error": error, "hwm_bytes": read_hwm()})
     writer.close()
     _deliver(delivery, status)
+    if not config.is_script:
+        _exit_without_teardown(exit_code)
     return exit_code
+
+
+def _exit_without_teardown(code: int) -> None:
+    """End a built-in workload's rank once everything is written: the exit handlers run (Horovod's
+    shutdown, MPI's finalize), then the process exits without the interpreter's teardown of
+    TensorFlow's modules and threads, which took 1-2.5 s a run (docs/measurement.md, "Time"). Only for
+    built-in workloads: a user's script may rely on the interpreter closing its files."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 class EnvironmentProblem(Exception):
@@ -247,6 +265,29 @@ def _run_workload(config: AgentConfig, tracer: Tracer, hvd: Any, spool: str) -> 
         from memdiag.workloads import transformer
 
         transformer.run(ctx, workload=config.workload or "transformer")
+
+
+def _let_horovod_timeline_drain(path: str, quiet_s: float = 0.5, limit_s: float = 10.0) -> None:
+    """Give Horovod's timeline writer time to write what is queued before Horovod shuts down.
+
+    Horovod 0.28.1 writes its timeline from a queue in a thread of its own, and its shutdown stops
+    that thread without draining the queue (``TimelineWriter::Shutdown`` in horovod/common/timeline.cc),
+    so on a loaded host a run's last step can be missing from the file. Every rank waits (a rank's
+    shutdown ends Horovod's loop on all ranks) until the file has not grown for ``quiet_s``, at most
+    ``limit_s``; a rank on a host without the file waits ``quiet_s``. Nothing runs in the meantime.
+    """
+    if not path:
+        return
+    deadline = time.monotonic() + limit_s
+    last, quiet_since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        size = os.path.getsize(path) if os.path.exists(path) else 0
+        now = time.monotonic()
+        if size != last:
+            last, quiet_since = size, now
+        elif now - quiet_since >= quiet_s:
+            return
+        time.sleep(0.05)
 
 
 def _spool_dir(config: AgentConfig, rank: int) -> str:

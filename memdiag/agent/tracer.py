@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from memdiag.agent.records import RecordWriter
+from memdiag.agent.records import CollectiveRecords, RecordWriter, SeriesPolicy, mem_record
 from memdiag.agent.sampler import MemorySampler, read_hwm
 
 SETUP_STEP = -1
@@ -53,8 +53,11 @@ class Tracer:
         self._reported_waits: set[tuple] = set()
         self._window: list[float | None] = [None, None]  # the step's collective window (start, end)
         self._live_bytes = 0
+        self._quotient_bytes = 0
         self.on_step_end: list[Callable[[int], dict[str, Any] | None]] = []
         self.step_peaks: list[int] = []  # peak RSS of each training step (step >= 0), in order
+        self._collective_records = CollectiveRecords(writer)  # compact after the first steps
+        self._series = SeriesPolicy()  # which steps' mem records keep their samples
 
     # -- steps -------------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
@@ -65,6 +68,7 @@ class Tracer:
             self._received = []
             self._window = [None, None]
             self._live_bytes = 0
+            self._quotient_bytes = 0
 
     def end_step(self, step: int | None = None, **extra: Any) -> None:
         """Write the step's memory record and everything buffered during it, then flush."""
@@ -89,7 +93,7 @@ class Tracer:
                 "sampled_peak_rss_bytes": sampled,
                 "hwm_bytes": hwm,
                 **phase_rises(times, rss, start, end),
-                "collective_live_peak_bytes": self._live_bytes,
+                "collective_live_peak_bytes": self._live_bytes + self._quotient_bytes,
             }
             for hook in self.on_step_end:
                 record.update(hook(step) or {})
@@ -99,7 +103,7 @@ class Tracer:
             if step >= 0:
                 self.step_peaks.append(peak)
             if times:
-                self.writer.add({"type": "mem", "step": step, "times": times, "rss": rss})
+                self.writer.add(mem_record(step, times, rss, start, end, self._series.keep(step, start)))
             self.writer.add(record)
             self.writer.flush()
 
@@ -120,6 +124,7 @@ class Tracer:
                 "name": meta["name"],
                 "part": meta.get("part"),
                 "dtype": meta["dtype"],
+                "itemsize": itemsize,
                 "shape_in": shape_in,
                 "shape_out": shape_out,
                 "bytes_in": math.prod(shape_in) * itemsize,
@@ -132,10 +137,11 @@ class Tracer:
                 "reduce_op": meta.get("reduce_op"),
                 "process_set_size": meta.get("process_set_size"),
             }
-            self.writer.add(record)
+            self._collective_records.add(record)
             if meta.get("gradient"):
                 self._window[1] = record["t"]
-            self._live_bytes += record["bytes_out"] * live_copies(meta)
+            self._live_bytes += record["bytes_out"]
+            self._quotient_bytes = max(self._quotient_bytes, quotient_bytes(meta, record["bytes_out"]))
             key = (meta["op"], meta["name"], meta.get("part"))
             self._pending.pop(key, None)
             self._reported_waits.discard(key)
@@ -193,11 +199,13 @@ class Tracer:
         self.begin_step(self.step + 1)
 
 
-def live_copies(meta: dict[str, Any]) -> int:
-    """How many buffers of a collective's output size stay alive: Horovod averages gathered values
-    into a second tensor (values / N); everything else is held once."""
+def quotient_bytes(meta: dict[str, Any], bytes_out: int) -> int:
+    """The second buffer a collective's output needs for a moment: Horovod divides gathered values by
+    N (op=Average) into a tensor as large, and frees the dividend when the division ends. A step's live
+    collective bytes are every output it received plus the largest such quotient
+    (memdiag.analyze.model.MemoryModel.held_bytes)."""
     averaged = meta.get("reduce_op") in (None, "average")
-    return 2 if meta["op"] == "allgather" and meta.get("part") == "values" and averaged else 1
+    return bytes_out if meta["op"] == "allgather" and meta.get("part") == "values" and averaged else 0
 
 
 def phase_rises(times: list[float], rss: list[int], start: float | None, end: float | None) -> dict[str, Any]:

@@ -6,8 +6,14 @@ moment. Each record goes to the first group in ``RULES`` one of whose patterns o
 function name, anywhere on its stack; records that match nothing are "other". Every record lands in
 exactly one group, so the groups add up to memray's own peak for the rank.
 
-Reading a rank's file takes seconds to minutes (memray replays every allocation), so the result is
-kept in ``attribution.json`` beside the files and reused while the files are unchanged.
+Reading a rank's file takes seconds to minutes (memray replays every allocation and resolves native
+symbols), so the result is kept in ``attribution.json`` beside the files and reused while the files
+are unchanged. Each file is read once, up to its high-water mark (memray's reader passes over it once
+more without stacks, to find that mark), in a process of its own: memray's symbol resolver keeps
+what it loaded until the process ends, and most of a reading process's memory is that resolver's.
+The first file is read alone; the others as many at a time as there are cores and, at the memory the
+first one took, memory available (see :func:`_readers_at_once`). A native stack shared by several
+records is resolved and classified once.
 """
 
 from __future__ import annotations
@@ -18,11 +24,12 @@ import hashlib
 import json
 import os
 import re
+import resource
 import tempfile
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Hashable, Iterable, Iterator, Sequence
 
 ALLGATHER = "Horovod allgather output"
 ALLREDUCE = "Horovod allreduce and fusion buffers"
@@ -137,6 +144,10 @@ class PeakRecord:
     # The stack with Python frames interleaved, when ``frames`` has none: memray merges them
     # slowly, so only the records shown as top stacks ask for it.
     hybrid: Callable[[], Sequence[Frame]] | None = field(default=None, compare=False)
+    # Records with the same key have the same frames and allocator kind: classified once. With
+    # ``resolve``, ``frames`` is left empty and ``resolve()`` gives them, asked once per key.
+    stack_key: Hashable | None = field(default=None, compare=False)
+    resolve: Callable[[], Sequence[Frame]] | None = field(default=None, compare=False)
 
 
 class Classifier:
@@ -145,6 +156,7 @@ class Classifier:
     def __init__(self, rules: Sequence[tuple[str, tuple[str, ...]]] = RULES) -> None:
         self.rules = tuple(rules)
         self._verdicts: dict[str, int] = {}
+        self._frames: dict[Frame, tuple[int, _FrameView]] = {}  # frame -> (its rule, how it reads)
 
     def _rule_of(self, function: str) -> int:
         verdict = self._verdicts.get(function)
@@ -156,16 +168,41 @@ class Classifier:
 
     def classify(self, record: PeakRecord) -> tuple[str, int | None]:
         """The record's group and the index of the frame that decided it (None: no rule matched)."""
+        return self.classify_frames(record.frames, record.allocator)
+
+    def classify_frames(self, frames: Sequence[Frame], allocator: int = 0) -> tuple[str, int | None]:
         best, where = len(self.rules), None
-        if record.allocator in _PYMALLOC_ALLOCATORS:
+        if allocator in _PYMALLOC_ALLOCATORS:
             best = self._rule_of("<pymalloc>")
-        for i, (function, _, _) in enumerate(record.frames):
+        for i, (function, _, _) in enumerate(frames):
             rule = self._rule_of(function)
             if rule < best:
                 best, where = rule, i
                 if rule == 0:
                     break
         return (self.rules[best][0] if best < len(self.rules) else OTHER), where
+
+    def read_stack(self, frames: Sequence[Frame], allocator: int = 0) -> tuple[str, tuple[str, ...], bool]:
+        """A stack's group, short stack and whether it passed through a pool region (POOL_FRAME), in
+        one pass over its frames: each distinct frame is looked at once."""
+        known = self._frames
+        rules, views = [], []
+        for frame in frames:
+            info = known.get(frame)
+            if info is None:
+                info = known[frame] = (self._rule_of(frame[0]), _view(frame))
+            rules.append(info[0])
+            views.append(info[1])
+        best, where = len(self.rules), None
+        if allocator in _PYMALLOC_ALLOCATORS:
+            best = self._rule_of("<pymalloc>")
+        for i, rule in enumerate(rules):
+            if rule < best:
+                best, where = rule, i
+                if rule == 0:
+                    break
+        group = self.rules[best][0] if best < len(self.rules) else OTHER
+        return group, short_stack(frames, where, views), any(v.pool for v in views)
 
 
 @functools.lru_cache(maxsize=None)
@@ -213,11 +250,14 @@ def _view(frame: Frame) -> _FrameView:
                       bool(_OPERATION.search(name)), POOL_FRAME in function)
 
 
-def short_stack(frames: Sequence[Frame], decided_at: int | None) -> tuple[str, ...]:
+def short_stack(frames: Sequence[Frame], decided_at: int | None,
+                views: Sequence[_FrameView] | None = None) -> tuple[str, ...]:
     """A few frames that say what allocated, innermost first: the first frame that is not allocator
     plumbing, the frame that decided the group, the operation that called them (a TensorFlow
-    kernel's Compute, a Horovod operation) and the innermost Python frame of the program itself."""
-    views = [_view(f) for f in frames]
+    kernel's Compute, a Horovod operation) and the innermost Python frame of the program itself.
+    ``views``: the frames' views when the caller has them already."""
+    if views is None:
+        views = [_view(f) for f in frames]
     native = [i for i, v in enumerate(views) if not v.python]
     shown: list[int] = []
     origin = next((i for i in native if not views[i].plumbing), None)
@@ -252,18 +292,25 @@ def attribute_records(records: Iterable[PeakRecord], rank: int = 0, file: str = 
     # group -> short stack -> [bytes, allocations, largest record]
     stacks: dict[str, dict[tuple[str, ...], list[Any]]] = defaultdict(dict)
     total = pooled = n = 0
+    seen: dict[Hashable, tuple[str, tuple[str, ...], bool]] = {}  # stack key -> (group, short stack, pooled)
     for record in records:
         n += 1
-        group, decided_at = classifier.classify(record)
+        verdict = seen.get(record.stack_key) if record.stack_key is not None else None
+        if verdict is None:
+            frames = record.frames if record.resolve is None else record.resolve()
+            verdict = classifier.read_stack(frames, record.allocator)
+            if record.stack_key is not None:
+                seen[record.stack_key] = verdict
+        group, shown, in_pool = verdict
         sizes[group] += record.size
         counts[group] += record.allocations
-        entry = stacks[group].setdefault(short_stack(record.frames, decided_at), [0, 0, record])
+        entry = stacks[group].setdefault(shown, [0, 0, record])
         entry[0] += record.size
         entry[1] += record.allocations
         if record.size > entry[2].size:
             entry[2] = record
         total += record.size
-        if any(_view(f).pool for f in record.frames):
+        if in_pool:
             pooled += record.size
     groups = []
     for group in sorted(sizes, key=lambda g: (-sizes[g], GROUPS.index(g) if g in GROUPS else len(GROUPS))):
@@ -305,13 +352,16 @@ def _stderr_captured() -> Iterator[list[str]]:
 
 
 def _memray_records(reader: Any, native: bool) -> Iterator[PeakRecord]:
+    """memray's records at the high-water mark; stacks resolved only when asked (once per stack)."""
     for record in reader.get_high_watermark_allocation_records(merge_threads=True):
+        allocator = int(record.allocator)
         if native:
-            yield PeakRecord(record.size, record.n_allocations, tuple(record.native_stack_trace()),
-                             int(record.allocator), record.hybrid_stack_trace)
+            yield PeakRecord(record.size, record.n_allocations, (), allocator, record.hybrid_stack_trace,
+                             ("native", record.native_stack_id, record.native_segment_generation, allocator),
+                             record.native_stack_trace)
         else:
-            yield PeakRecord(record.size, record.n_allocations, tuple(record.stack_trace()),
-                             int(record.allocator))
+            yield PeakRecord(record.size, record.n_allocations, (), allocator, None,
+                             ("python", record.stack_id, record.tid, allocator), record.stack_trace)
 
 
 def attribute_file(path: str, rank: int) -> tuple[RankAttribution | None, list[str]]:
@@ -327,7 +377,9 @@ def attribute_file(path: str, rank: int) -> tuple[RankAttribution | None, list[s
             reader = memray.FileReader(path)
             try:
                 meta = reader.metadata
-                snapshots = list(reader.get_memory_snapshots())
+                last_snapshot = None
+                for last_snapshot in reader.get_memory_snapshots():  # only the last one matters
+                    pass
                 result = attribute_records(_memray_records(reader, meta.has_native_traces), rank, name,
                                            meta.peak_memory)
             finally:
@@ -339,7 +391,7 @@ def attribute_file(path: str, rank: int) -> tuple[RankAttribution | None, list[s
     # leaves the start time there while its memory snapshots go on; a record cut in half makes the
     # reader complain on stderr.
     end_ms = meta.end_time.timestamp() * 1000
-    unfinished = meta.end_time <= meta.start_time or bool(snapshots and snapshots[-1].time > end_ms)
+    unfinished = meta.end_time <= meta.start_time or bool(last_snapshot and last_snapshot.time > end_ms)
     if unfinished or "Failed to process" in stderr[0]:
         warnings.append(f"rank {rank}: {name} ends early (the rank was killed before memray closed it, or "
                         "the file was cut short): the peak shown is the peak of what was recorded")
@@ -370,24 +422,82 @@ def _fingerprint(files: dict[int, str]) -> dict[str, Any]:
     return {"rules": rules, "files": stats}
 
 
-def _attribute_one(item: tuple[int, str]) -> tuple[RankAttribution | None, list[str]]:
+def _attribute_one(item: tuple[int, str]) -> tuple[RankAttribution | None, list[str], int]:
+    """One file (in a process of its own): its attribution, warnings and the process's peak RSS."""
     rank, path = item
-    return attribute_file(path, rank)
+    result, warnings = attribute_file(path, rank)
+    return result, warnings, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _readers_at_once(files: int, peak_bytes: int) -> int:
+    """How many files to read at once after the first, which took ``peak_bytes``: one per core, as many
+    as fit in 80% of the memory available now, and at least one."""
+    available = _available_memory()
+    fit = 1 if available is None or peak_bytes <= 0 else int(available * 0.8 // peak_bytes)
+    return max(1, min(files, os.cpu_count() or 1, fit))
+
+
+def _read_in_child(item: tuple[int, str], conn: Any) -> None:
+    try:
+        conn.send(_attribute_one(item))
+    finally:
+        conn.close()
+
+
+def _read_in_children(items: list[tuple[int, str]], at_once: int) -> list[tuple[RankAttribution | None, list[str], int]]:
+    """Each file read in a process of its own, ``at_once`` at a time (forked: the parent holds little by
+    then, and a spawned child would run ``python -m memdiag`` again)."""
+    from multiprocessing import connection, get_context
+
+    context = get_context("fork")
+    results: list[tuple[RankAttribution | None, list[str], int] | None] = [None] * len(items)
+    running: dict[Any, tuple[int, Any, Any]] = {}  # pipe -> (index, process, pipe)
+    queued = 0
+    while queued < len(items) or running:
+        while queued < len(items) and len(running) < at_once:
+            receive, send = context.Pipe(duplex=False)
+            process = context.Process(target=_read_in_child, args=(items[queued], send), daemon=True)
+            process.start()
+            send.close()
+            running[receive] = (queued, process, receive)
+            queued += 1
+        for ready in connection.wait(list(running)):
+            index, process, receive = running.pop(ready)
+            try:
+                results[index] = receive.recv()
+            except EOFError:  # the reading process died (memray crashed, or it was killed)
+                rank, path = items[index]
+                results[index] = (None, [f"rank {rank}: reading {os.path.basename(path)} failed (the reading "
+                                         f"process ended with code {process.exitcode}); no attribution for this rank"], 0)
+            receive.close()
+            process.join()
+    return [r for r in results if r is not None]
 
 
 def _attribute_all(files: dict[int, str]) -> list[tuple[RankAttribution | None, list[str]]]:
-    """Ranks' files are independent: read them in parallel, one process per core."""
+    """Each file in a fresh process (memray's resolver frees its memory only when the process ends):
+    the first alone, to learn what a file takes, then the others as many at a time as cores and
+    available memory allow (_readers_at_once)."""
     items = list(files.items())
-    workers = min(len(items), os.cpu_count() or 1)
-    if workers > 1:
-        try:
-            from concurrent.futures import ProcessPoolExecutor
-
-            with ProcessPoolExecutor(max_workers=workers) as pool:
-                return list(pool.map(_attribute_one, items))
-        except (OSError, RuntimeError):  # no process pool here (e.g. no /dev/shm): read one by one
-            pass
-    return [_attribute_one(item) for item in items]
+    try:
+        results = _read_in_children(items[:1], 1)
+        if len(items) > 1:
+            results += _read_in_children(items[1:], _readers_at_once(len(items) - 1, results[0][2]))
+    except (OSError, ValueError):  # no processes here (no fork, no pipes): read one by one
+        results = [_attribute_one(item) for item in items]
+    return [(result, warnings) for result, warnings, _ in results]
 
 
 def attribute_run(run_dir: str, use_cache: bool = True) -> Attribution | None:

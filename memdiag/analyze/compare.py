@@ -214,7 +214,12 @@ def correctness(run_dirs: dict[tuple[int, str], str], summaries: dict[tuple[int,
 
 
 def _losses(summary: dict[str, Any]) -> list[float | None]:
-    return [s["loss_mean"] for s in summary.get("steps_detail", [])]
+    """The loss of each requested step: warm-up steps (``--max-warmup``, added where a run's peaks had
+    not settled) differ in number between runs and are left out, as the compared parameters are saved
+    after the requested steps."""
+    requested = summary.get("steps")
+    return [s["loss_mean"] for s in summary.get("steps_detail", [])
+            if not isinstance(requested, int) or s.get("step", 0) < requested]
 
 
 def headline(rows: Sequence[Mapping[str, Any]]) -> str | None:
@@ -253,6 +258,9 @@ def build(target: str, preset: str | None, run_dirs: Mapping[tuple[int, str], st
         # rank is fitted from N >= 2 where two such rank counts exist.
         "growth_bytes_per_rank": growth(rows, "peak_rss_bytes_max", fit_from),
         "collective_growth_bytes_per_rank": growth(rows, "collective_bytes_per_rank", fit_from),
+        # The exact side: the peak bytes of collective outputs alive, from the hooks (no RSS noise).
+        "live_growth_bytes_per_rank": growth([r for r in rows if r.get("collective_live_peak_bytes") is not None],
+                                             "collective_live_peak_bytes", fit_from),
         "growth_fitted_from_world_size": fit_from,
         "predicted_growth_bytes_per_rank": predicted_growth(summaries),
         "tensors": growth_tensors(summaries),
@@ -260,7 +268,11 @@ def build(target: str, preset: str | None, run_dirs: Mapping[tuple[int, str], st
         "oversubscribed": any(s.get("oversubscribed") for s in summaries.values()),
         "all_ok": all(r["status"] == "ok" for r in rows),
         "noise_bytes": noise(rows),
+        "noise_source": "repeats" if noise(rows) is not None else None,
     }
+    if result["noise_bytes"] is None:
+        result["noise_bytes"] = rank_noise(summaries)
+        result["noise_source"] = "ranks" if result["noise_bytes"] is not None else None
     result["physics"] = physics(result, summaries)
     return result
 
@@ -282,6 +294,20 @@ def with_repeats(row: CompareRow, runs: list[dict[str, Any]]) -> CompareRow:
 def noise(rows: Sequence[Mapping[str, Any]]) -> float | None:
     """The run-to-run noise of a per-rank peak: the largest spread over the repeated configurations."""
     spreads = [r["peak_spread_bytes"] for r in rows if r.get("peak_spread_bytes") is not None]
+    return max(spreads) if spreads else None
+
+
+def rank_noise(summaries: Mapping[tuple[int, str], Mapping[str, Any]]) -> float | None:
+    """Without repeats, the noise floor one run gives: the largest spread of the steady peaks between the
+    ranks of one run (N >= 2), which run the same program on the same data sizes. It is larger than the
+    run-to-run noise where ranks differ systematically (rank 0 saves the parameters), so it errs on the
+    side of "within noise"."""
+    spreads = []
+    for (n, _), summary in summaries.items():
+        peaks = [r.get("steady_peak_rss_bytes") for r in summary.get("ranks", [])]
+        found = [p for p in peaks if p]
+        if n >= 2 and summary.get("status") == "ok" and len(found) >= 2:
+            spreads.append(max(found) - min(found))
     return max(spreads) if spreads else None
 
 
@@ -326,11 +352,21 @@ def physics(result: dict[str, Any], summaries: dict[tuple[int, str], dict[str, A
     sparse_peak = peak(largest, "sparse")
     densified = [t["name"] for t in result.get("tensors", []) if t.get("auto_decision") == "dense"]
     merged = [t["name"] for t in result.get("tensors", []) if t.get("auto_decision") == "dedup"]
+    sparse_growth = result["growth_bytes_per_rank"].get("sparse")
+    predicted_rss = None if predicted is None or k is None else k * predicted
+    fitted = [n for n in counts if (n, "sparse") in by_key and n >= result.get("growth_fitted_from_world_size", 1)]
+    # The fitted growth against k x the formula, as the difference it makes to the peak across the
+    # rank counts fitted: no larger than the noise, the two agree within noise.
+    growth_within_noise = None
+    if sparse_growth is not None and predicted_rss is not None and noise_bytes is not None and len(fitted) >= 2:
+        growth_within_noise = abs(sparse_growth - predicted_rss) * (fitted[-1] - fitted[0]) <= noise_bytes
     return {
         "largest_world_size": largest,
         "cost_per_gathered_byte": k,
-        "sparse_growth_bytes_per_rank": result["growth_bytes_per_rank"].get("sparse"),
-        "predicted_rss_growth_bytes_per_rank": None if predicted is None or k is None else k * predicted,
+        "sparse_growth_bytes_per_rank": sparse_growth,
+        "predicted_rss_growth_bytes_per_rank": predicted_rss,
+        "sparse_growth_within_noise": growth_within_noise,
+        "sparse_live_growth_bytes_per_rank": (result.get("live_growth_bytes_per_rank") or {}).get("sparse"),
         "dense_change": None if not dense_low or dense_high is None else (dense_high - dense_low) / dense_low,
         "dense_peak_bytes": dense_high if dense_high is not None else peak(largest, "dense"),
         "auto_densified": densified,
@@ -343,4 +379,5 @@ def physics(result: dict[str, Any], summaries: dict[tuple[int, str], dict[str, A
         "phases": {mode: {str(n): summaries[(n, mode)].get("peak_phase") for n in counts if (n, mode) in summaries}
                    for mode in sorted({m for _, m in summaries})},
         "noise_bytes": noise_bytes,
+        "noise_source": result.get("noise_source"),
     }

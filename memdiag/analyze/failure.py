@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from memdiag.collect import Run
+from memdiag.collect import RankRecords, Run
 from memdiag.units import format_bytes
 
 # Horovod's stall inspector (HOROVOD_STALL_CHECK_TIME_SECONDS) names, per rank, the tensors that the
@@ -29,6 +29,20 @@ def last_collective(run: Run, rank: int) -> dict[str, Any] | None:
         return None
     c = records.collectives[-1]
     return {"step": c.get("step"), "op": c["op"], "name": c["name"], "bytes_out": c["bytes_out"]}
+
+
+def still_waiting(records: RankRecords) -> dict[str, Any] | None:
+    """The rank's last wait record, unless that collective completed after it (a slow collective on a
+    loaded machine is recorded as a wait, and is not a hang once it completes)."""
+    if not records.waiting:
+        return None
+    wait = records.waiting[-1]
+    key = (wait.get("op"), wait.get("name"), wait.get("part"))
+    since = wait.get("since", wait.get("t", 0.0))
+    for c in records.collectives:
+        if (c.get("op"), c.get("name"), c.get("part")) == key and c.get("t", 0.0) >= since:
+            return None
+    return wait
 
 
 def diagnose(run: Run) -> dict[str, Any] | None:
@@ -59,7 +73,7 @@ def diagnose(run: Run) -> dict[str, Any] | None:
     if m.get("timed_out"):
         missing = stalled_collectives(run.log)
         size = m.get("world_size") or 0
-        waits = {rank: r.waiting[-1] for rank, r in run.ranks.items() if r.waiting}
+        waits = {rank: wait for rank, r in run.ranks.items() if (wait := still_waiting(r)) is not None}
         waiting = sorted(waits) if waits else [r for r in range(size) if r not in missing]
         if missing or waits:
             # Horovod names eager collectives generically; memdiag's own wait records keep the name.

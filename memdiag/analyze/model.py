@@ -2,7 +2,7 @@
 
 Collective bytes follow :mod:`memdiag.formula` exactly. Peak memory per rank has two regimes:
 
-    peak(N) = max(compute_peak, collective_base + held(N)),   held(N) = sum of k x G(N) over gathered tensors
+    peak(N) = max(compute_peak, collective_base + held(N)),   held(N) = k x G(N) over gathered tensors
 
 - G(N) is the bytes one rank receives by allgather for one IndexedSlices gradient at N ranks (the
   formula). Which tensors are gathered depends on the mode: all in ``sparse``, none in ``dense``, those
@@ -11,12 +11,14 @@ Collective bytes follow :mod:`memdiag.formula` exactly. Peak memory per rank has
   rows U instead of the rows T: N x U_max x (row + index), U_max the largest U any rank measured in
   the runs (``distinct_rows`` records); auto's choice between the three is
   :func:`memdiag.policy.decide`'s.
-- k is what one gathered byte costs at the peak, and follows the reduce op. Horovod's sparse path with
-  op=Average divides the gathered values by N into a second tensor as large as they are: the values are
-  held twice, the indices once, so k = (2 x values + indices) / (values + indices), just under 2. With
-  op=Sum the gathered values are used as they are: k = 1. Horovod 0.28.1 has no allgather path for any
-  other op (Adasum, Min, Max, Product raise NotImplementedError and ask for sparse_as_dense), so such a
-  tensor is counted as a dense allreduce in every mode.
+- held(N) is what the gathered buffers hold at the peak, and follows the reduce op. Horovod's sparse
+  path with op=Average divides the gathered values by N into a second tensor as large; the dividend is
+  freed when its division ends. Every gathered output stays alive until the update, and one division
+  at a time adds a copy of one tensor's values: held(N) = sum of G_i(N) + max values_i(N) (for one
+  tensor about 2 G). With op=Sum the gathered values are used as they are: held(N) = sum of G_i(N).
+  Horovod 0.28.1 has no allgather path for any other op (Adasum, Min, Max, Product raise
+  NotImplementedError and ask for sparse_as_dense), so such a tensor is counted as a dense allreduce
+  in every mode. k (held / gathered) is the one figure reports print.
 - compute_peak is the peak outside collective windows (activations, optimizer slots, allocator slack):
   it does not grow with N. collective_base + held(N) is the peak inside the collective window.
   collective_base is anchored at the largest N measured (collective peak - held(N)): at small N the
@@ -79,24 +81,16 @@ class MemoryModel:
     def reduce_op(self, name: str) -> str:
         return (self.reduce_ops.get(name) or DEFAULT_REDUCE_OP).lower()
 
-    def cost(self, name: str) -> float:
-        """k of one tensor: peak bytes per gathered byte under its reduce op."""
-        t = self.tensors[name]
-        per_row = t.row_bytes + t.index_bytes
-        if self.reduce_op(name) != AVERAGE or not per_row:
-            return 1.0
-        return (2 * t.row_bytes + t.index_bytes) / per_row
+    def averages(self, name: str) -> bool:
+        """Whether Horovod divides this tensor's gathered values by N into a second tensor (op=Average)."""
+        return self.reduce_op(name) == AVERAGE
 
     @property
     def cost_per_gathered_byte(self) -> float:
-        """k over all gathered tensors (weighted by their gathered bytes, which all grow as N): the one
-        figure the report prints. Each tensor's own k is used in :meth:`held_bytes`."""
-        gathering = [n for n in self.tensors if self.reduce_op(n) in GATHERING_OPS]
-        weights = {n: self.tensors[n].gathered(1) for n in gathering}
-        total = sum(weights.values())
-        if not total:
-            return 1.0  # nothing is gathered: no byte to cost
-        return sum(self.cost(n) * w for n, w in weights.items()) / total
+        """k: what the gathered buffers hold at the peak per gathered byte, in ``sparse`` (every tensor
+        gathered). It does not depend on N (every term grows as N): the one figure the report prints."""
+        gathered = self.gathered_bytes("sparse", 2)
+        return self.held_bytes("sparse", 2) / gathered if gathered else 1.0
 
     # -- bytes (exact) ----------------------------------------------------------------------------
 
@@ -125,12 +119,31 @@ class MemoryModel:
         merged = t.merged(world_size) if reduction == "dedup" else None
         return t.gathered(world_size) if merged is None else merged
 
+    def tensor_gathered_values(self, name: str, mode: str, world_size: int) -> int:
+        """The values part of :meth:`tensor_gathered`: what Horovod's averaging copies."""
+        reduction, t = self.reduction(name, mode, world_size), self.tensors[name]
+        if reduction == "dense":
+            return 0
+        rows = t.distinct_rows if reduction == "dedup" and t.distinct_rows is not None else t.rows_per_rank
+        return world_size * rows * t.row_bytes
+
     def gathered_bytes(self, mode: str, world_size: int) -> int:
         return sum(self.tensor_gathered(name, mode, world_size) for name in self.tensors)
 
     def held_bytes(self, mode: str, world_size: int) -> float:
-        """What the gathered buffers hold at the peak: each tensor's k x G(N)."""
-        return sum(self.cost(name) * self.tensor_gathered(name, mode, world_size) for name in self.tensors)
+        """What the gathered buffers hold at the peak: every gathered tensor's output G(N) (merged: its
+        U rows) until the update consumes it, plus, under op=Average, one quotient being computed beside
+        its dividend.
+
+        Horovod reduces an IndexedSlices as ``allgather(values) / size``: the quotient is a second
+        tensor of the gathered values' size, and the dividend is freed when the division ends (it has
+        no other consumer). So each tensor holds one buffer of its gathered size at a time, and during
+        one division two: the peak is sum(G_i) + max(values_i), for one tensor G + values (about 2 G).
+        """
+        names = [name for name in self.tensors if self.gathers(name, mode, world_size)]
+        held = sum(self.tensor_gathered(name, mode, world_size) for name in names)
+        quotients = [self.tensor_gathered_values(name, mode, world_size) for name in names if self.averages(name)]
+        return held + max(quotients, default=0)
 
     def collective_bytes(self, mode: str, world_size: int) -> int:
         """Bytes each rank receives per step (exact, from the formula)."""

@@ -18,8 +18,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from memdiag.agent.records import in_window
+
 STEADY_TOLERANCE = 0.01
 REGIME_TOLERANCE = 0.01
+_AGGREGATES = ("t_first", "rss_first", "t_last", "rss_last", "rss_max")
 
 
 def steady_start(peaks: Sequence[float]) -> tuple[int, bool]:
@@ -63,24 +66,48 @@ def _phases(steps: list[dict[str, Any]], window: list[dict[str, Any]], memory: l
         return {"compute_peak_rss_bytes": steady_peak, "collective_peak_rss_bytes": None,
                 "collective_rise_bytes": 0, "compute_rise_bytes": 0, "peak_phase": "compute"}
     first_start = min(start for start, _ in windows.values())
-    samples = sorted((t, r, m.get("step")) for m in memory for t, r in zip(m.get("times", []), m.get("rss", [])))
-    before = [r for t, r, _ in samples if t < first_start]
-    compute_peak = max(before) if before else steps[0]["peak_rss_bytes"]
+    # In time order: every sample of the steps that kept theirs, and the aggregates of the others
+    # (memdiag.agent.records: ranks keep the samples of every step until the first collective window,
+    # so only steps after it are aggregates; their rises within the step are the step record's own).
+    stream: list[tuple[float, int, Any, dict[str, Any] | None]] = []
+    for m in memory:
+        times, rss = m.get("times"), m.get("rss")
+        if isinstance(times, list) and isinstance(rss, list):
+            stream.extend((t, r, m.get("step"), None) for t, r in zip(times, rss))
+        elif m.get("n") and all(isinstance(m.get(k), (int, float)) for k in _AGGREGATES):
+            stream.append((m["t_first"], m["rss_first"], m.get("step"), m))
+    stream.sort(key=lambda e: (e[0], e[1]))
+    within = {s["step"]: (s.get("collective_rise_bytes") or 0, s.get("compute_rise_bytes") or 0) for s in steps}
+    before: list[int] = []
     rises = {"collectives": 0, "compute": 0}
     steady_steps = {s["step"] for s in window}
     inside_steady = []
     previous = None
-    for t, r, step in samples:
-        if t < first_start:
+    for t, r, step, aggregated in stream:
+        if aggregated is not None and aggregated["t_last"] < first_start:
+            before.append(aggregated["rss_max"])
+            previous = aggregated["rss_last"]
+            continue
+        if t < first_start and aggregated is None:
+            before.append(r)
             previous = r
             continue
         start, end = windows.get(step, (None, None))
-        inside = start is not None and t >= start and (end is None or t <= end)
+        inside = in_window(t, start, end)
         if previous is not None and r > previous:
             rises["collectives" if inside else "compute"] += r - previous
-        if inside and step in steady_steps:
-            inside_steady.append(r)
-        previous = r
+        if aggregated is None:
+            if inside and step in steady_steps:
+                inside_steady.append(r)
+            previous = r
+            continue
+        collectives, compute = within.get(step, (0, 0))
+        rises["collectives"] += collectives
+        rises["compute"] += compute
+        if step in steady_steps and aggregated.get("rss_max_window") is not None:
+            inside_steady.append(aggregated["rss_max_window"])
+        previous = aggregated["rss_last"]
+    compute_peak = max(before) if before else steps[0]["peak_rss_bytes"]
     pushed = steady_peak > compute_peak * (1 + REGIME_TOLERANCE)
     phase = "collectives" if pushed and rises["collectives"] >= rises["compute"] else "compute"
     return {"compute_peak_rss_bytes": compute_peak,

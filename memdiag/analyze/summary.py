@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
 
 from memdiag.analyze.attribution import summary_entry as attribution_entry
 from memdiag.analyze.failure import diagnose
 from memdiag.analyze.steady import steady_figures
-from memdiag.collect import RankRecords, Run
+from memdiag.collect import CollectiveLog, RankRecords, Run
 
 SETUP_STEP = -1
 
@@ -35,10 +38,7 @@ def typical_step_time(steps: list[dict[str, Any]]) -> float | None:
 def rank_summary(records: RankRecords) -> dict[str, Any]:
     steps = _training_steps(records)
     step_ids = {s["step"] for s in steps}
-    per_op: dict[str, int] = defaultdict(int)
-    for c in records.collectives:
-        if c.get("step") in step_ids:
-            per_op[c["op"]] += c["bytes_out"]
+    per_op = _bytes_per_op(records.collectives, step_ids)
     n = max(1, len(step_ids))
     peaks = [s["peak_rss_bytes"] for s in records.steps if "peak_rss_bytes" in s]
     if records.killed:
@@ -63,17 +63,95 @@ def rank_summary(records: RankRecords) -> dict[str, Any]:
     }
 
 
+def _log(collectives: Sequence[dict[str, Any]]) -> CollectiveLog:
+    return collectives if isinstance(collectives, CollectiveLog) else CollectiveLog(collectives)
+
+
+def _bytes_per_op(collectives: Sequence[dict[str, Any]], step_ids: set[int]) -> dict[str, int]:
+    """Bytes received per op over the collectives of the steps ``step_ids``."""
+    log = _log(collectives)
+    kind, step, _, bytes_out = log.columns()
+    per_op: dict[str, int] = defaultdict(int)
+    if len(kind):
+        wanted = (kind >= 0) & np.isin(step, np.fromiter(step_ids, dtype=np.int64, count=len(step_ids)))
+        totals = np.bincount(kind[wanted], weights=bytes_out[wanted], minlength=len(log.kinds))
+        for k, total in enumerate(totals.tolist()):
+            if total:
+                per_op[log.kinds[k]["op"]] += int(total)
+    for _, c in log.whole():
+        if c.get("step") in step_ids:
+            per_op[c["op"]] += c["bytes_out"]
+    return per_op
+
+
+@dataclass
+class _Tensor:
+    """One (tensor, op, part) of collective_summary, added up rank by rank."""
+
+    last: tuple[int, int]  # (rank, position) of its last call
+    bytes_in_max: int = 0
+    bytes_out_max: int = 0
+    bytes_out_sum: int = 0
+    calls: int = 0
+    steps: int = 0  # distinct (rank, step) pairs
+
+
+def _tensors_of_rank(log: CollectiveLog) -> dict[tuple, tuple[int, int, int, int, int, int]]:
+    """Per (tensor, op, part), over one rank's training-step collectives: (last position, largest bytes
+    in, largest bytes out, bytes out summed, calls, distinct steps). Array by array, not call by call."""
+    kind, step, bytes_in, bytes_out = log.columns()
+    ids: dict[tuple, int] = {}
+    group_of_kind = np.array([ids.setdefault((k["name"], k["op"], k.get("part")), len(ids)) for k in log.kinds] + [-1],
+                             dtype=np.int64)
+    position = np.nonzero((kind >= 0) & (step >= 0))[0]
+    group = group_of_kind[kind[position]]
+    n = len(ids)
+    calls = np.bincount(group, minlength=n)
+    sums = np.bincount(group, weights=bytes_out[position], minlength=n)
+    largest_in, largest_out, last = np.zeros(n, np.int64), np.zeros(n, np.int64), np.full(n, -1, np.int64)
+    np.maximum.at(largest_in, group, bytes_in[position])
+    np.maximum.at(largest_out, group, bytes_out[position])
+    np.maximum.at(last, group, position)
+    steps = step[position]
+    low = int(steps.min()) if len(steps) else 0
+    span = (int(steps.max()) - low + 1) if len(steps) else 1
+    pairs = np.unique(group * span + (steps - low))
+    distinct = np.bincount(pairs // span, minlength=n)
+    found = {key: (int(last[i]), int(largest_in[i]), int(largest_out[i]), int(sums[i]), int(calls[i]),
+                   int(distinct[i])) for key, i in ids.items() if calls[i]}
+    # records kept whole (a field missing or odd): one by one; a record without a step is training
+    extra: dict[tuple, list[Any]] = {}
+    for pos, c in log.whole():
+        if (0 if c.get("step") is None else c["step"]) < 0:
+            continue
+        key = (c["name"], c["op"], c.get("part"))
+        last_pos, b_in, b_out, total, count, _ = found.get(key, (-1, 0, 0, 0, 0, 0))
+        found[key] = (max(last_pos, pos), max(b_in, c["bytes_in"]), max(b_out, c["bytes_out"]),
+                      total + c["bytes_out"], count + 1, 0)
+        extra.setdefault(key, []).append(c.get("step"))
+    for key, whole_steps in extra.items():
+        i = ids.get(key)
+        regular = set(steps[group == i].tolist()) if i is not None else set()
+        found[key] = (*found[key][:5], len(regular | set(whole_steps)))
+    return found
+
+
 def collective_summary(run: Run) -> list[dict[str, Any]]:
     """One entry per (tensor, op, part) over the training steps of every rank."""
-    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-    for records in run.ranks.values():
-        for c in records.collectives:
-            if c.get("step", 0) >= 0:
-                groups[(c["name"], c["op"], c.get("part"))].append(c)
+    groups: dict[tuple, _Tensor] = {}
+    for rank, records in run.ranks.items():
+        for key, (last_call, b_in, b_out, total, calls, steps) in _tensors_of_rank(_log(records.collectives)).items():
+            group = groups.setdefault(key, _Tensor((rank, last_call)))
+            group.last = (rank, last_call)
+            group.bytes_in_max = max(group.bytes_in_max, b_in)
+            group.bytes_out_max = max(group.bytes_out_max, b_out)
+            group.bytes_out_sum += total
+            group.calls += calls
+            group.steps += steps
     entries = []
-    for (name, op, part), calls in groups.items():
-        last = calls[-1]
-        steps = {(c["rank"], c["step"]) for c in calls}
+    for (name, op, part), group in groups.items():
+        rank, position = group.last
+        last = _log(run.ranks[rank].collectives)[position]
         entries.append({
             "name": name,
             "op": op,
@@ -88,10 +166,10 @@ def collective_summary(run: Run) -> list[dict[str, Any]]:
             "shape_out": last.get("shape_out"),
             "rows_in": (last.get("shape_in") or [None])[0],
             "rows_out": (last.get("shape_out") or [None])[0],
-            "bytes_in_per_rank": max(c["bytes_in"] for c in calls),
-            "bytes_out_per_rank": max(c["bytes_out"] for c in calls),
-            "bytes_out_mean": sum(c["bytes_out"] for c in calls) / len(calls),
-            "calls_per_step": len(calls) / max(1, len(steps)),
+            "bytes_in_per_rank": group.bytes_in_max,
+            "bytes_out_per_rank": group.bytes_out_max,
+            "bytes_out_mean": group.bytes_out_sum / group.calls,
+            "calls_per_step": group.calls / max(1, group.steps),
         })
     entries.sort(key=lambda e: (-e["bytes_out_per_rank"], e["name"], e["part"] or ""))
     return entries
@@ -172,7 +250,7 @@ def summarize(run: Run) -> dict[str, Any]:
             policy.setdefault(p["name"], {k: v for k, v in p.items() if k not in ("type", "rank", "t", "step")})
     collectives = collective_summary(run)
     for name, entry in policy.items():
-        # The reduce op decides what a gathered byte costs (Average holds the values twice, Sum once).
+        # The reduce op decides what a gathered byte costs (Average adds one quotient at a time, Sum none).
         entry["reduce_op"] = next((c["reduce_op"] for c in collectives if c["name"] == name and c["reduce_op"]),
                                   "average")
     peaks = [r["peak_rss_bytes"] for r in ranks if r["peak_rss_bytes"]]

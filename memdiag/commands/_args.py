@@ -8,30 +8,28 @@ from memdiag.launch.options import DEFAULTS, SPOOLS
 from memdiag.policy import MODES
 
 
-def positive_int(what: str):
+def whole_number(what: str, minimum: int):
+    """A whole number of at least ``minimum`` (0 or 1)."""
+    least = "0 or more" if minimum == 0 else f"at least {minimum}"
+
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{what} must be a whole number, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{what} must be at least 1, got {value}")
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{what} must be {least}, got {value}")
         return value
 
     return parse
+
+
+def positive_int(what: str):
+    return whole_number(what, 1)
 
 
 def non_negative_int(what: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{what} must be a whole number, got {text!r}") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{what} must be 0 or more, got {value}")
-        return value
-
-    return parse
+    return whole_number(what, 0)
 
 
 def positive_float(what: str):

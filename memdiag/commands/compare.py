@@ -25,7 +25,7 @@ class CompareCommand:
                             help="runs of each configuration, interleaved; their spread is the noise (default 1)")
         parser.add_argument("--inject-fault", choices=FAULTS, help=argparse.SUPPRESS)
         # Its figures are steady-state peaks: let the built-in workloads warm up until they settle.
-        add_launch_options(parser, default_steps=5, default_warmup=3)
+        add_launch_options(parser, default_steps=4, default_warmup=3)
 
     def run(self, args: argparse.Namespace, script_args: list[str]) -> int:
         from memdiag.launch.options import LaunchOptions

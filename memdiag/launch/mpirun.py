@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -76,6 +77,12 @@ def run(launch: Launch, log_path: str, poll: Callable[[], None] | None = None) -
            **launch.extra_env}
     start = time.monotonic()
     timed_out = False
+    # mpirun runs in its own session (so that a timeout can end every rank), which also keeps it from
+    # the signals sent to memdiag's: memdiag passes on a termination, as it does Ctrl-C.
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, _exit_on_signal)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, start_new_session=True)
@@ -91,10 +98,17 @@ def run(launch: Launch, log_path: str, poll: Callable[[], None] | None = None) -
                         timed_out = True
                         _end_group(proc)
                         break
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, SystemExit):
             _end_group(proc)
             raise
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     return LaunchResult(proc.returncode, timed_out, time.monotonic() - start, cmd)
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _end_group(proc: subprocess.Popen) -> None:

@@ -222,6 +222,6 @@ def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None) 
         raise UserError(sorted(p for p in problems if p)[0])
     from memdiag.analyze.summary import summarize
 
-    run = load_run(out)
+    run.manifest = manifest  # the records were read above; only the manifest has changed since
     rundir.write_json(os.path.join(out, rundir.SUMMARY), summarize(run))
     return out

@@ -55,7 +55,7 @@ class CompareRequest:
     def check_request(self, world_size: int, out: str) -> RunRequest:
         """The verification run: every IndexedSlices gradient reduced both ways and compared, one step.
         Not a measured run (it reduces twice on purpose), so no memory limit and no memray."""
-        options = replace(self.options, steps=1, memray=False, mem_limit_bytes=None)
+        options = replace(self.options, steps=1, memray=False, mem_limit_bytes=None, max_warmup=0)
         # A script runs as written (its op, compression, process set).
         mode = AS_WRITTEN if is_script(self.target) else "sparse"
         return RunRequest(self.target, world_size, mode, options, out=out, fault=self.fault, check_reduction=True)

@@ -139,7 +139,12 @@ def physics_verdict(result: dict[str, Any]) -> Text:
         part = f"sparse allgather adds {_signed(growth)} per rank for each added rank"
         if predicted:
             part += (f" (k x formula: {_signed(predicted)}, k = {p['cost_per_gathered_byte']:.2f}; "
-                     f"measured/predicted {growth / predicted:.2f})")
+                     f"measured/predicted {growth / predicted:.2f}")
+            if p.get("sparse_growth_within_noise") is not None:
+                part += ", within noise" if p["sparse_growth_within_noise"] else ", beyond noise"
+            part += ")"
+        if p.get("sparse_live_growth_bytes_per_rank") is not None:
+            part += f"; its live collective buffers {_signed(p['sparse_live_growth_bytes_per_rank'])} (exact)"
         parts.append(part)
     if p.get("dense_peak_bytes") is not None:
         part = f"dense stays at {format_bytes(p['dense_peak_bytes'])}"
@@ -165,8 +170,13 @@ def physics_verdict(result: dict[str, Any]) -> Text:
     if parts:
         text.append("; ".join(parts) + ".", style="bold")
         noise = p.get("noise_bytes")
-        text.append(f" Run-to-run noise: {format_bytes(noise)}.\n" if noise is not None
-                    else " Run-to-run noise not measured (--repeats 1).\n")
+        if noise is None:
+            text.append(" Run-to-run noise not measured (--repeats 1).\n")
+        elif p.get("noise_source") == "ranks":
+            text.append(f" Noise: {format_bytes(noise)}, the largest spread between the ranks of one run "
+                        "(--repeats R measures run-to-run noise).\n")
+        else:
+            text.append(f" Run-to-run noise: {format_bytes(noise)}.\n")
     for mode, phases in (p.get("phases") or {}).items():
         known = [(int(n), phase) for n, phase in phases.items() if phase and int(n) > 1]
         if not known:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from memdiag.collect import Run
+from memdiag.agent.sampler import decimate
+from memdiag.collect import Run, mem_points
 
 MEMORY_PLOT = "memory.png"
 PEAK_PLOT = "peak-vs-ranks.png"
 MIB = 2**20
+MAX_POINTS = 20_000  # per rank in the memory plot: more than its pixels
 MISSING = "matplotlib is not installed: no plots written (pip install 'memdiag[plots]')"
 
 
@@ -25,10 +27,22 @@ def _pyplot() -> Any | None:
     return plt
 
 
+def rss_series(memory: list[dict[str, Any]], limit: int = MAX_POINTS) -> list[tuple[float, int]]:
+    """A rank's RSS over the run from its ``mem`` records: the samples of the steps that kept them and
+    the first, largest and last sample of every other step, in time order; beyond ``limit`` points,
+    neighbouring pairs are merged into their larger value (as the sampler does), so no peak is lost."""
+    points = sorted(p for m in memory for p in mem_points(m))
+    if len(points) <= limit:
+        return points
+    times, rss = [t for t, _ in points], [r for _, r in points]
+    while len(rss) > limit:
+        times, rss = decimate(times, rss)
+    return list(zip(times, rss))
+
+
 def memory_series(run: Run) -> tuple[float, dict[int, tuple[list[float], list[float]]]]:
     """The run's first sample time, and per rank: seconds since then, RSS in MiB."""
-    samples = {rank: sorted((t, rss) for m in records.memory for t, rss in zip(m.get("times", []), m.get("rss", [])))
-               for rank, records in run.ranks.items()}
+    samples = {rank: rss_series(records.memory) for rank, records in run.ranks.items()}
     starts = [s[0][0] for s in samples.values() if s]
     if not starts:
         return 0.0, {}

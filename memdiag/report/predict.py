@@ -19,8 +19,8 @@ from memdiag.units import format_bytes
 
 # Why a gathered byte costs k bytes at the peak, per reduce op (Horovod's sparse path).
 K_REASONS = {
-    "average": "op=Average, Horovod holds the gathered values twice (the allgather output and "
-               "values / N) and the indices once",
+    "average": "op=Average, every gathered output is held until the update, and Horovod's values / N "
+               "adds one tensor's values at a time (the dividend is freed after its division)",
     "sum": "op=Sum, the gathered values are used as they are: values and indices held once",
 }
 NO_GATHER_REASON = "has no allgather path in Horovod (sparse_as_dense needed): reduced densely in every mode"

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from memdiag.collect import Run
+from memdiag.collect import Run, mem_points
 from memdiag.rundir import HOROVOD_TIMELINE, Timeline, read_timeline, write_json
 from memdiag.report.terminal import common_scope, short_name
 
@@ -34,7 +34,7 @@ def _origin(run: Run) -> float | None:
     times: list[float] = []
     for records in run.ranks.values():
         for m in records.memory:
-            times.extend(m.get("times", [])[:1])
+            times.extend(t for t, _ in mem_points(m)[:1])
         times.extend(s["t_start"] for s in records.steps if "t_start" in s)
         times.extend(c["t"] for c in records.collectives if "t" in c)
         times.extend(r["t"] for r in (records.start, records.end) if r and "t" in r)
@@ -58,8 +58,8 @@ def _rank_events(rank: int, records: Any, origin: float, scope: str) -> list[dic
             args = {k: record[k] for k in ("host", "pid", "size", "status") if k in record}
             events.append({"ph": "i", "s": "p", "name": name if "status" not in args else f"{name}: {args['status']}",
                            "cat": "rank", "pid": pid, "tid": STEPS_TID, "ts": _us(record["t"], origin), "args": args})
-    for m in records.memory:
-        for t, rss in zip(m.get("times", []), m.get("rss", [])):
+    for m in records.memory:  # the samples a step kept, or its first, largest and last
+        for t, rss in mem_points(m):
             events.append({"ph": "C", "name": "RSS", "pid": pid, "tid": 0, "ts": _us(t, origin),
                            "args": {"bytes": rss}})
     for s in records.steps:

@@ -125,7 +125,7 @@ class SimulatedCluster:
 
 def processes_matching(*needles: str) -> list[str]:
     """Command lines of running processes that contain every one of ``needles`` (this one's left out)."""
-    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True).stdout  # whole lines
     own = str(os.getpid())
     return [line.strip() for line in out.splitlines()
             if line.split(None, 1)[0] != own and all(n in line for n in needles)]

@@ -38,13 +38,15 @@ OUTPUT_LINE = re.compile(r"^(step \d+ loss \S+|final \S+)$", re.M)
 
 
 def plain_mpirun(script: Path, args: list[str], timeline: Path, ranks: int = 2) -> subprocess.CompletedProcess:
-    """The script under plain mpirun, as its user runs it, with Horovod's own timeline."""
+    """The script under plain mpirun, as its user runs it, with Horovod's own timeline (let finish
+    writing before the script's processes exit: plain_script.py)."""
     env = {**os.environ, "HOROVOD_TIMELINE": str(timeline), "TF_CPP_MIN_LOG_LEVEL": "2"}
     cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none", "-x", "HOROVOD_TIMELINE",
            "-x", "TF_CPP_MIN_LOG_LEVEL"]
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
-    return subprocess.run([*cmd, sys.executable, str(script), *args], capture_output=True, text=True,
+    wrapper = Path(__file__).with_name("plain_script.py")
+    return subprocess.run([*cmd, sys.executable, str(wrapper), str(script), *args], capture_output=True, text=True,
                           timeout=300, env=env, stdin=subprocess.DEVNULL)
 
 

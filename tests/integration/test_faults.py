@@ -13,7 +13,8 @@ pytestmark = pytest.mark.mpi
 
 
 def agents_of(run_id: str) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    # -ww: never cut a command line to the terminal width (the configuration is its last word)
+    out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if "memdiag.agent" in line and run_id in _decoded(line)]
 
 
@@ -144,3 +145,37 @@ def test_a_limit_between_the_dense_and_the_sparse_peak_kills_only_sparse(runs_ro
     assert "Completed under the same limit: dense at N=4" in data["headline"]
     assert "allgather" in data["headline"]
     assert "headline" in result.stdout and result.returncode == 1
+
+
+def test_terminating_memdiag_ends_mpirun_and_every_rank(runs_root, tmp_path):
+    # GIVEN a run in progress (a script that trains slowly)
+    import os
+    import signal
+    import sys
+
+    from tests.helpers import ROOT
+
+    script = tmp_path / "slow.py"
+    script.write_text("import time, horovod.tensorflow as hvd, tensorflow as tf\nhvd.init()\n"
+                      "for step in range(600):\n    hvd.allreduce(tf.ones([8]), name='g')\n    time.sleep(0.1)\n")
+    out = runs_root / "terminated"
+    proc = subprocess.Popen([sys.executable, "-m", "memdiag", "run", str(script), "-n", "2", "--out", str(out)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (out / "rank-1.jsonl").exists():
+        time.sleep(0.5)
+    run_id = read_json(out / "run.json")["run_id"]
+    while time.monotonic() < deadline and len(agents_of(run_id)) < 2:
+        time.sleep(0.5)
+    assert len(agents_of(run_id)) >= 2, "the ranks should be running"
+    # WHEN memdiag is terminated, as a batch system or `kill` does
+    os.kill(proc.pid, signal.SIGTERM)
+    stderr = proc.communicate(timeout=60)[1]
+    # THEN it exits as terminated, without a traceback, and leaves no rank behind
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert "Traceback" not in stderr
+    for _ in range(20):
+        if not agents_of(run_id):
+            break
+        time.sleep(0.5)
+    assert agents_of(run_id) == []

@@ -59,6 +59,14 @@ def window_rss(n: int, mode: str, reduce_op: str) -> int:
     return max(COMPUTE[n], collective_base(reduce_op) + n * held_per_rank(reduce_op))
 
 
+def live_bytes(n: int, mode: str, reduce_op: str) -> int:
+    """What the hooks count alive at the step's collective peak: the gathered buffers (k x G(N)), or
+    the dense gradient and the kernel's."""
+    if mode == "dense":
+        return 4 * (VOCAB * WIDTH + WIDTH * WIDTH)
+    return n * held_per_rank(reduce_op) + 4 * WIDTH * WIDTH
+
+
 def write_run(path: Path, n: int, mode: str, reduce_op: str) -> Path:
     """A run directory as `memdiag run` leaves it: run.json, rank-K.jsonl, summary.json."""
     path.mkdir(parents=True)
@@ -104,7 +112,7 @@ def write_run(path: Path, n: int, mode: str, reduce_op: str) -> Path:
             writer.add({"type": "step", "t": t0 + 8, "step": step, "t_start": t0, "t_end": t0 + 8,
                         "step_time_s": 8.0, "peak_rss_bytes": max(rss), "sampled_peak_rss_bytes": max(rss),
                         "hwm_bytes": max(rss), "window_start": start, "window_end": end,
-                        "collective_live_peak_bytes": 0, "loss": 5.0 - step, "items": ROWS,
+                        "collective_live_peak_bytes": live_bytes(n, mode, reduce_op), "loss": 5.0 - step, "items": ROWS,
                         "param_digest": f"d{step}"})
         writer.add({"type": "end", "t": 50.0, "status": "ok", "error": None, "hwm_bytes": top})
         writer.close()
@@ -192,6 +200,26 @@ def test_the_comparison_records_which_phase_set_each_peak(comparison):
     # k, from the reduce op the collectives recorded
     k = held_per_rank(reduce_op) / (ROWS * (ROW_BYTES + INDEX_BYTES))
     assert result["physics"]["cost_per_gathered_byte"] == pytest.approx(k)
+
+
+def test_sparse_growth_is_weighed_against_k_x_formula_and_the_noise_beside_the_exact_live_growth(comparison):
+    reduce_op, _, result = comparison
+    physics = result["physics"]
+    # by hand: the least-squares slope of sparse's peak over N = 2, 4, 8, compute-bound at N=2
+    xs = list(RANK_COUNTS)
+    ys = [window_rss(n, "sparse", reduce_op) for n in xs]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    assert physics["sparse_growth_bytes_per_rank"] == pytest.approx(slope)
+    assert physics["predicted_rss_growth_bytes_per_rank"] == pytest.approx(held_per_rank(reduce_op))
+    # the live collective bytes grow by k x the formula exactly
+    assert physics["sparse_live_growth_bytes_per_rank"] == pytest.approx(held_per_rank(reduce_op))
+    # every rank of a run peaks alike here: no noise, so the N=2 row hidden under compute is a finding
+    assert result["noise_bytes"] == 0
+    assert physics["sparse_growth_within_noise"] is (abs(slope - held_per_rank(reduce_op)) * (8 - 2) <= 0)
+    assert physics["sparse_growth_within_noise"] is False
+    verdict = flat(rendered(print_compare, result))
+    assert "beyond noise); its live collective buffers +" in verdict and "(exact)" in verdict
 
 
 def test_the_comparison_report_names_compute_at_small_n_and_the_collectives_at_larger_n(comparison):

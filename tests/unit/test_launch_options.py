@@ -40,7 +40,8 @@ def test_the_verification_run_changes_only_what_it_must():
     options = LaunchOptions(**NON_DEFAULT)
     check = CompareRequest("transformer", [1, 2], ["sparse"], options).check_request(2, "out")
     assert check.check_reduction
-    assert _changed(options, check.options) == {"steps", "memray", "mem_limit_bytes"}
+    assert _changed(options, check.options) == {"steps", "memray", "mem_limit_bytes", "max_warmup"}
+    assert check.options.max_warmup == 0  # one step, measured by nobody: no warm-up
     assert check.options.steps == 1 and check.options.mem_limit_bytes is None
 
 

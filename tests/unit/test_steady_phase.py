@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memdiag.agent.tracer import live_copies, phase_rises
+from memdiag.agent.tracer import phase_rises, quotient_bytes
 from memdiag.analyze.steady import steady_figures, steady_start
 
 MiB = 2**20
@@ -61,8 +61,34 @@ def test_a_steps_rises_are_counted_in_the_phase_they_happen_in():
     assert phase_rises(times, [5] * 5, 0.25, 0.35)["peak_phase"] == "held"
 
 
-def test_averaged_gathered_values_are_held_twice_and_everything_else_once():
-    assert live_copies({"op": "allgather", "part": "values", "reduce_op": "average"}) == 2
-    assert live_copies({"op": "allgather", "part": "values", "reduce_op": "sum"}) == 1
-    assert live_copies({"op": "allgather", "part": "indices", "reduce_op": "average"}) == 1
-    assert live_copies({"op": "allreduce", "part": None, "reduce_op": "average"}) == 1
+def test_only_averaged_gathered_values_need_a_second_buffer_for_a_moment():
+    assert quotient_bytes({"op": "allgather", "part": "values", "reduce_op": "average"}, 100) == 100
+    assert quotient_bytes({"op": "allgather", "part": "values", "reduce_op": None}, 100) == 100
+    assert quotient_bytes({"op": "allgather", "part": "values", "reduce_op": "sum"}, 100) == 0
+    assert quotient_bytes({"op": "allgather", "part": "indices", "reduce_op": "average"}, 100) == 0
+    assert quotient_bytes({"op": "allreduce", "part": None, "reduce_op": "average"}, 100) == 0
+
+
+def test_a_steps_live_collective_bytes_hold_one_quotient_at_a_time(tmp_path):
+    """Two averaged embeddings: both gathered outputs stay alive until the update, but each dividend is
+    freed when its division ends, so only the larger quotient adds to them."""
+    import json
+
+    from memdiag.agent.records import RecordWriter
+    from memdiag.agent.sampler import MemorySampler
+    from memdiag.agent.tracer import Tracer
+
+    writer = RecordWriter(str(tmp_path / "rank-0.jsonl"), 0)
+    tracer = Tracer(writer, MemorySampler(), 0, auto_steps=False)
+    tracer.begin_step(0)
+    for name, rows in (("a", 300), ("b", 200)):
+        for part, shape in (("values", [2 * rows, 16]), ("indices", [2 * rows])):
+            meta = {"op": "allgather", "name": name, "part": part, "dtype": "float32" if part == "values" else "int32",
+                    "itemsize": 4, "sparse": True, "densified": False, "reduce_op": "average", "gradient": True}
+            tracer.collective(meta, [rows, *shape[1:]], shape)
+    tracer.end_step(0)
+    writer.close()
+    step = next(r for r in map(json.loads, (tmp_path / "rank-0.jsonl").read_text().splitlines())
+                if r["type"] == "step")
+    gathered = 600 * 16 * 4 + 600 * 4 + 400 * 16 * 4 + 400 * 4  # both tensors' values and indices
+    assert step["collective_live_peak_bytes"] == gathered + 600 * 16 * 4  # + a's quotient, the larger
