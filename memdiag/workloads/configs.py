@@ -29,6 +29,9 @@ class TransformerConfig:
     side_vocab_size: int = 0
     side_lookups_per_rank: int = 0
     side_embedding_size: int = 0  # 0: the embedding width
+    # The side ids' Zipf exponent: 0.5 spreads lookups over the table (few repeats); with many lookups
+    # and an exponent near 1.1 most of them repeat a few rows, where merging duplicates pays.
+    side_zipf_exponent: float = 0.5
 
     @property
     def batch_size(self) -> int:

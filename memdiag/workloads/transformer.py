@@ -148,7 +148,7 @@ class Batches:
     def __init__(self, config: TransformerConfig, seed: int, rank: int):
         self.config, self.seed, self.rank = config, seed, rank
         self.tokens = ZipfTokens(config.vocab_size, config.zipf_exponent)
-        self.side = ZipfTokens(config.side_vocab_size, 0.5) if config.side_vocab_size else None
+        self.side = ZipfTokens(config.side_vocab_size, config.side_zipf_exponent) if config.side_vocab_size else None
 
     def __call__(self, step: int):
         c = self.config
