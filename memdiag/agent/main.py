@@ -124,12 +124,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def _exit_without_teardown(code: int) -> None:
     """End a built-in workload's rank once everything is written: the exit handlers run (Horovod's
-    shutdown, MPI's finalize), then the process exits without the interpreter's teardown of
+    shutdown), MPI is finalised, then the process exits without the interpreter's teardown of
     TensorFlow's modules and threads, which took 1-2.5 s a run (docs/measurement.md, "Time"). Only for
     built-in workloads: a user's script may rely on the interpreter closing its files."""
     import atexit
 
     atexit._run_exitfuncs()
+    # mpi4py (--spool local initialises MPI through it, before Horovod) finalises MPI in the
+    # interpreter's teardown, not in an exit handler: finalise here, as MPI requires of every process.
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
