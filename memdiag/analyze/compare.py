@@ -139,17 +139,25 @@ def reduction_result(verify_summary: dict[str, Any] | None) -> dict[str, Any] | 
         # Horovod gathers IndexedSlices uncompressed: only the dense path is rounded by fp16 compression.
         return verify.reduction_rtol(None if check.get("against") == "dedup" else check.get("compression"))
 
+    def against_tolerance(check: dict[str, Any]) -> float:
+        # 1 or less passes: float rounding's bound for the rows' sums where the check recorded it (an
+        # uncompressed reduction), else the fixed relative tolerance (fp16 compression, older records).
+        ratio = check.get("rounding_bound_ratio")
+        return ratio if ratio is not None else check["max_rel_diff"] / rtol(check)
+
     def worst_of(selected: list[dict[str, Any]]) -> dict[str, Any]:
-        worst = max(selected, key=lambda c: c["max_rel_diff"] / rtol(c), default=None)
+        worst = max(selected, key=against_tolerance, default=None)
         return {"max_abs_diff": None if worst is None else worst["max_abs_diff"],
                 "max_rel_diff": None if worst is None else worst["max_rel_diff"],
                 "rtol": verify.reduction_rtol(None) if worst is None else rtol(worst),
-                "passed": None if not selected else all(c["max_rel_diff"] <= rtol(c) for c in selected)}
+                "rounding_bound_ratio": None if worst is None else worst.get("rounding_bound_ratio"),
+                "terms_max": max((c.get("terms_max") or 0 for c in selected), default=None) or None,
+                "passed": None if not selected else all(against_tolerance(c) <= 1 for c in selected)}
 
     # Records older than the merged check compared the dense path only.
     by_reduction = {against: worst_of([c for c in checks if c.get("against", "dense") == against])
                     for against in ("dense", "dedup")}
-    return {
+    result = {
         "world_size": verify_summary["world_size"],
         "tensors": sorted({c["name"] for c in checks}),
         **worst_of(checks),
@@ -157,6 +165,10 @@ def reduction_result(verify_summary: dict[str, Any] | None) -> dict[str, Any] | 
         "reduce_ops": sorted({c.get("reduce_op") or "average" for c in checks}),
         "skipped": skipped,
     }
+    if verify_summary.get("status", "ok") != "ok":
+        # The check did not finish: that is a failed verification, not one with nothing to compare.
+        result.update(passed=False, failed_run=verify_summary.get("status"))
+    return result
 
 
 def _parameter_check(n: int, mode: str, reference_mode: str, ref_dir: str, run_dir: str,
