@@ -121,6 +121,8 @@ class ReductionCheckRecord(_Record, total=False):
     max_abs_diff: float
     max_rel_diff: float
     scale: float
+    rounding_bound_ratio: float  # max |diff| / float rounding's bound for the rows' sums (<= 1 passes)
+    terms_max: int  # the most rows summed into one row
     skipped: str
 
 

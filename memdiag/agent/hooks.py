@@ -57,6 +57,25 @@ class Origin:
     process_set_size: int | None = None  # ranks taking part; None: all
 
 
+def rounding_bound_ratio(diff: Any, reference: Any, terms: Any, magnitude: Any, unit: float) -> float:
+    """The largest |a - b| of two reductions of the same rows as a fraction of float rounding's bound.
+
+    Summing n terms in any order is off the exact sum by at most gamma(n - 1) x the sum of their
+    magnitudes, gamma(k) = k u / (1 - k u), u the unit roundoff (2**-24 for float32); dividing each term
+    first (Horovod's sparse average) rounds each once more, so gamma(n) bounds either path. Two orders
+    differ by at most twice that, and a final scaling (the dense average) rounds once more (2 u |a|).
+    ``terms`` is per row; ``magnitude`` per element (or per row, broadcast over its elements). 1 or less: the two
+    agree as closely as float arithmetic lets any two summation orders agree."""
+    n = np.asarray(terms, dtype=np.float64).reshape((-1,) + (1,) * (diff.ndim - 1))
+    gamma = n * unit / np.maximum(1 - n * unit, unit)
+    total = np.asarray(magnitude, dtype=np.float64)
+    if total.shape != diff.shape:  # one figure per row
+        total = total.reshape((-1,) + (1,) * (diff.ndim - 1))
+    bound = 2 * gamma * total + 2 * unit * abs(reference)
+    over = np.where(bound > 0, diff / np.where(bound > 0, bound, 1), np.where(diff > 0, np.inf, 0.0))
+    return float(over.max(initial=0.0))
+
+
 class CollectiveHooks:
     def __init__(
         self,
@@ -370,21 +389,32 @@ class CollectiveHooks:
             kwargs["process_set"] = process_set
         plain = self._plain_allreduce
         assert plain is not None, "install() keeps Horovod's own allreduce"
-        gathered = tf.convert_to_tensor(plain(grad, **kwargs))
+        slices = plain(grad, **kwargs)
+        gathered = tf.convert_to_tensor(slices)
         reduced = plain(self.policy.densify(grad), **kwargs)
+        # What each row sums, from the gathered rows themselves (every rank's, after the op's scaling):
+        # the number of terms and the sum of their magnitudes, for float rounding's bound.
+        rows = tf.shape(gathered, out_type=slices.indices.dtype)[0]
+        terms = tf.math.unsorted_segment_sum(tf.ones_like(slices.indices, tf.float64), slices.indices, rows)
+        magnitude = tf.math.unsorted_segment_sum(tf.abs(tf.cast(slices.values, tf.float64)), slices.indices, rows)
+        unit = float(np.finfo(grad.values.dtype.as_numpy_dtype).eps) / 2
 
-        def emit(a, b):
+        def emit(a, b, n, total):
             a, b = a.numpy().astype("float64"), b.numpy().astype("float64")
-            diff = float(abs(a - b).max(initial=0.0))
+            diff = abs(a - b)
             scale = float(abs(a).max(initial=0.0))
-            writer.add({**base, "step": self.tracer.step, "max_abs_diff": diff, "scale": scale,
-                        "max_rel_diff": diff / scale if scale else 0.0})
+            record = {**base, "step": self.tracer.step, "max_abs_diff": float(diff.max(initial=0.0)),
+                      "scale": scale, "max_rel_diff": float(diff.max(initial=0.0)) / scale if scale else 0.0}
+            if record["compression"] in (None, "NoneCompressor"):
+                record["rounding_bound_ratio"] = rounding_bound_ratio(diff, a, n.numpy(), total.numpy(), unit)
+                record["terms_max"] = int(n.numpy().max(initial=0))
+            writer.add(record)
             return []
 
         if tf.executing_eagerly():
-            emit(gathered, reduced)
+            emit(gathered, reduced, terms, magnitude)
         else:
-            tf.py_function(emit, [gathered, reduced], Tout=[], name="memdiag_reduction_check")
+            tf.py_function(emit, [gathered, reduced, terms, magnitude], Tout=[], name="memdiag_reduction_check")
 
     # -- op level ---------------------------------------------------------------------------------
     def _wrap_op(self, op: str) -> Callable[[Callable], Callable]:

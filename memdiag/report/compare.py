@@ -91,11 +91,18 @@ def verdict(result: dict[str, Any]) -> Text:
         text.append(f"max |diff| {_num(c['max_abs_diff'])}, max relative {_num(c['max_rel_diff'])} "
                     f"(tolerance rtol {c['rtol']:g}, atol {c['atol']:g}); ")
         reduction = c.get("reduction")
-        if reduction and reduction["passed"] is not None:
+        if reduction and reduction.get("failed_run"):
+            text.append(f"reduction check did not finish (verification run: {reduction['failed_run']}; see its "
+                        "mpirun.log); ", style="bold red")
+        elif reduction and reduction["passed"] is not None:
+            if reduction.get("rounding_bound_ratio") is not None:
+                within = (f"{reduction['rounding_bound_ratio']:.2g} of float rounding's bound for sums of up to "
+                          f"{reduction.get('terms_max')} rows")
+            else:
+                within = f"tolerance {reduction['rtol']:g}"
             text.append(f"reduction check at N={reduction['world_size']}: allgather and dense allreduce of "
                         f"{len(reduction['tensors'])} gradient(s) differ by at most {_num(reduction['max_rel_diff'])} "
-                        f"relative (tolerance {reduction['rtol']:g}); ",
-                        style=None if reduction["passed"] else "bold red")
+                        f"relative ({within}); ", style=None if reduction["passed"] else "bold red")
         identical = c.get("ranks_identical_every_step")
         text.append("parameters identical on all ranks every step\n" if identical else
                     ("parameters DIFFER between ranks\n" if identical is False else "\n"))
