@@ -103,3 +103,10 @@ def test_a_verification_run_that_did_not_finish_fails_the_check():
     result = reduction_result({"world_size": 2, "status": "error", "reduction_checks": []})
     assert result["passed"] is False and result["failed_run"] == "error"
     assert reduction_result({"world_size": 2, "status": "ok", "reduction_checks": []})["passed"] is None
+
+
+def test_under_fp16_compression_the_relative_tolerance_decides_the_dense_path():
+    checks = [{**_check("dense", 1e-3, "FP16Compressor")}]
+    assert reduction_result({"world_size": 2, "reduction_checks": checks})["passed"] is True
+    checks = [{**_check("dense", 1e-2, "FP16Compressor")}]
+    assert reduction_result({"world_size": 2, "reduction_checks": checks})["passed"] is False
