@@ -20,9 +20,9 @@ def _check(rel, ratio=None, compression="NoneCompressor"):
 def test_the_bound_by_hand():
     # one row of one element: 3 terms whose magnitudes sum to 1.0, the reduction's value 0.5
     bound = 2 * (3 * U / (1 - 3 * U)) * 1.0 + 2 * U * 0.5
-    assert rounding_bound_ratio(np.array([[bound / 2]]), np.array([[0.5]]), np.array([3.0]), np.array([1.0]), U) == 0.5
+    assert rounding_bound_ratio(np.array([[bound / 2]]), np.array([[0.5]]), np.array([3.0]), np.array([[1.0]]), U) == 0.5
     # nothing summed, yet a difference: beyond any bound
-    assert rounding_bound_ratio(np.array([[1e-9]]), np.array([[0.0]]), np.array([0.0]), np.array([0.0]), U) \
+    assert rounding_bound_ratio(np.array([[1e-9]]), np.array([[0.0]]), np.array([0.0]), np.array([[0.0]]), U) \
         == float("inf")
 
 
