@@ -46,6 +46,7 @@ class StepRecord(_Record, total=False):
     items: int
     param_digest: str
     warmup: bool  # a step added by --max-warmup
+    exact_peak: bool  # peak_rss_bytes is the kernel's high-water mark since the step began
 
 
 class MemRecord(_Record, total=False):

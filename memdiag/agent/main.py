@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     delivery: _delivery.Delivery | None = None
     tracker = _start_memray(config, spool, rank)
     sampler.on_tick = writer.flush
+    tracer: Tracer | None = None
     try:
         delivery = _delivery.start(config, rank, spool)
         _limit_threads(config)
@@ -113,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     if tracker is not None:
         tracker.__exit__(None, None, None)
     sampler.stop()
-    writer.write_now({"type": "end", "status": status, "error": error, "hwm_bytes": read_hwm()})
+    run_peak = tracer.hwm.run_peak() if tracer is not None else read_hwm()
+    writer.write_now({"type": "end", "status": status, "error": error, "hwm_bytes": run_peak})
     writer.close()
     _deliver(delivery, status)
     if not config.is_script:
@@ -167,7 +169,7 @@ def _memory_watchdog(limit: int, tracer: Tracer, writer: RecordWriter,
         if rss <= limit:
             return
         writer.write_now({"type": "killed", "reason": "mem-limit", "step": tracer.step, "rss_bytes": rss,
-                          "limit_bytes": limit, "hwm_bytes": read_hwm(), "in_flight": tracer.in_flight(),
+                          "limit_bytes": limit, "hwm_bytes": tracer.hwm.run_peak(), "in_flight": tracer.in_flight(),
                           "received_this_step": tracer.largest_received()})
         if before_kill is not None:
             before_kill()
