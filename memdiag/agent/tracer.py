@@ -109,9 +109,10 @@ class Tracer:
             self.writer.flush()
 
     def finish(self) -> None:
-        """End the step in progress of an auto-stepped script."""
+        """End the step in progress of an auto-stepped script: its tail, which holds what the script
+        did after its last step (saving, evaluating), marked so that the steady state can leave it out."""
         if self.auto_steps:
-            self.end_step()
+            self.end_step(tail=True)
 
     # -- collectives -------------------------------------------------------------------------
     def collective(self, meta: dict[str, Any], shape_in: list[int], shape_out: list[int]) -> None:
