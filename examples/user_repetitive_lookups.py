@@ -39,6 +39,9 @@ def main() -> None:
 
     hvd.init()
     tf.keras.utils.set_random_seed(SEED)
+    # The sparse update sums a few thousand duplicate rows per id; without this, TensorFlow sums them
+    # in an order that varies from run to run, and the final parameters with it.
+    tf.config.experimental.enable_op_determinism()
     embedding = tf.keras.layers.Embedding(args.vocab, args.width, name="ids")
     head = tf.keras.layers.Dense(4, name="head")
     optimizer = tf.keras.optimizers.legacy.SGD(0.5 * hvd.size())

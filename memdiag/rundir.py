@@ -123,6 +123,26 @@ def read_json(path: str) -> Any:
 
 # -- Horovod's timeline ------------------------------------------------------------------------------
 
+def wait_for_timeline_writer(path: str, quiet_s: float = 0.5, limit_s: float = 10.0) -> None:
+    """Wait until Horovod's timeline at ``path`` has not grown for ``quiet_s`` (at most ``limit_s``).
+
+    Horovod 0.28.1 writes its timeline from a queue in a thread of its own, and its shutdown stops
+    that thread without draining the queue (``TimelineWriter::Shutdown`` in horovod/common/timeline.cc),
+    so on a loaded host a run's last step can be missing from the file unless the process waits here
+    before Horovod shuts down. A missing file counts as not growing.
+    """
+    import time
+
+    deadline, last, quiet_since = time.monotonic() + limit_s, -1, time.monotonic()
+    while time.monotonic() < deadline:
+        size = os.path.getsize(path) if os.path.exists(path) else 0
+        if size != last:
+            last, quiet_since = size, time.monotonic()
+        elif time.monotonic() - quiet_since >= quiet_s:
+            return
+        time.sleep(0.05)
+
+
 @dataclass
 class Timeline:
     """Horovod's Chrome-trace timeline, read as far as it goes."""

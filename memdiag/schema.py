@@ -46,6 +46,8 @@ class StepRecord(_Record, total=False):
     items: int
     param_digest: str
     warmup: bool  # a step added by --max-warmup
+    exact_peak: bool  # peak_rss_bytes is the kernel's high-water mark since the step began
+    tail: bool  # a script's last step: from its first gradient reduction to the script's end
 
 
 class MemRecord(_Record, total=False):
@@ -202,6 +204,7 @@ class RankSummary(TypedDict, total=False):
     compute_rise_bytes: int | None
     collective_rise_bytes: int | None
     peak_phase: str | None
+    tail_peak_rss_bytes: int | None  # a script's last step, which runs on to the script's end
     error: str | None
     killed: KilledRecord | None
 

@@ -66,14 +66,11 @@ def rounding_bound_ratio(diff: Any, reference: Any, terms: Any, magnitude: Any, 
     magnitudes, gamma(k) = k u / (1 - k u), u the unit roundoff (2**-24 for float32); dividing each term
     first (Horovod's sparse average) rounds each once more, so gamma(n) bounds either path. Two orders
     differ by at most twice that, and a final scaling (the dense average) rounds once more (2 u |a|).
-    ``terms`` is per row; ``magnitude`` per element (or per row, broadcast over its elements). 1 or less: the two
-    agree as closely as float arithmetic lets any two summation orders agree."""
+    ``terms`` is per row, ``magnitude`` per element. 1 or less: the two agree as closely as float
+    arithmetic lets any two summation orders agree."""
     n = np.asarray(terms, dtype=np.float64).reshape((-1,) + (1,) * (diff.ndim - 1))
     gamma = n * unit / np.maximum(1 - n * unit, unit)
-    total = np.asarray(magnitude, dtype=np.float64)
-    if total.shape != diff.shape:  # one figure per row
-        total = total.reshape((-1,) + (1,) * (diff.ndim - 1))
-    bound = 2 * gamma * total + 2 * unit * abs(reference)
+    bound = 2 * gamma * magnitude + 2 * unit * abs(reference)
     over = np.where(bound > 0, diff / np.where(bound > 0, bound, 1), np.where(diff > 0, np.inf, 0.0))
     return float(over.max(initial=0.0))
 

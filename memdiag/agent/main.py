@@ -19,7 +19,6 @@ import signal
 import socket
 import sys
 import tempfile
-import time
 import traceback
 from typing import Any, Callable
 
@@ -57,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     delivery: _delivery.Delivery | None = None
     tracker = _start_memray(config, spool, rank)
     sampler.on_tick = writer.flush
+    tracer: Tracer | None = None
     try:
         delivery = _delivery.start(config, rank, spool)
         _limit_threads(config)
@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     if tracker is not None:
         tracker.__exit__(None, None, None)
     sampler.stop()
-    writer.write_now({"type": "end", "status": status, "error": error, "hwm_bytes": read_hwm()})
+    run_peak = tracer.hwm.run_peak() if tracer is not None else read_hwm()
+    writer.write_now({"type": "end", "status": status, "error": error, "hwm_bytes": run_peak})
     writer.close()
     _deliver(delivery, status)
     if not config.is_script:
@@ -168,7 +169,7 @@ def _memory_watchdog(limit: int, tracer: Tracer, writer: RecordWriter,
         if rss <= limit:
             return
         writer.write_now({"type": "killed", "reason": "mem-limit", "step": tracer.step, "rss_bytes": rss,
-                          "limit_bytes": limit, "hwm_bytes": read_hwm(), "in_flight": tracer.in_flight(),
+                          "limit_bytes": limit, "hwm_bytes": tracer.hwm.run_peak(), "in_flight": tracer.in_flight(),
                           "received_this_step": tracer.largest_received()})
         if before_kill is not None:
             before_kill()
@@ -272,27 +273,12 @@ def _run_workload(config: AgentConfig, tracer: Tracer, hvd: Any, spool: str) -> 
         transformer.run(ctx, workload=config.workload or "transformer")
 
 
-def _let_horovod_timeline_drain(path: str, quiet_s: float = 0.5, limit_s: float = 10.0) -> None:
-    """Give Horovod's timeline writer time to write what is queued before Horovod shuts down.
-
-    Horovod 0.28.1 writes its timeline from a queue in a thread of its own, and its shutdown stops
-    that thread without draining the queue (``TimelineWriter::Shutdown`` in horovod/common/timeline.cc),
-    so on a loaded host a run's last step can be missing from the file. Every rank waits (a rank's
-    shutdown ends Horovod's loop on all ranks) until the file has not grown for ``quiet_s``, at most
-    ``limit_s``; a rank on a host without the file waits ``quiet_s``. Nothing runs in the meantime.
-    """
-    if not path:
-        return
-    deadline = time.monotonic() + limit_s
-    last, quiet_since = -1, time.monotonic()
-    while time.monotonic() < deadline:
-        size = os.path.getsize(path) if os.path.exists(path) else 0
-        now = time.monotonic()
-        if size != last:
-            last, quiet_since = size, now
-        elif now - quiet_since >= quiet_s:
-            return
-        time.sleep(0.05)
+def _let_horovod_timeline_drain(path: str) -> None:
+    """Give Horovod's timeline writer time to write what is queued before Horovod shuts down
+    (:func:`memdiag.rundir.wait_for_timeline_writer`). Every rank waits, since a rank's shutdown ends
+    Horovod's loop on all ranks; a rank on a host without the file waits the quiet interval only."""
+    if path:
+        rundir.wait_for_timeline_writer(path)
 
 
 def _spool_dir(config: AgentConfig, rank: int) -> str:

@@ -1,7 +1,9 @@
 """Process memory over time, sampled on a background thread.
 
 RSS is read from /proc/self/statm (what psutil reads, without its per-call overhead) at a fixed
-interval; the kernel's high-water mark VmHWM (/proc/self/status) catches peaks between samples.
+interval; the kernel's high-water mark VmHWM (/proc/self/status) catches peaks between samples. Where
+the kernel lets a process reset its mark (writing 5 to /proc/self/clear_refs, Linux 4.0 on), the mark
+is reset at the start of every step (:class:`HighWaterMark`), so each step's peak is exact.
 """
 
 from __future__ import annotations
@@ -26,6 +28,47 @@ def read_hwm() -> int:
             if line.startswith(b"VmHWM:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def reset_hwm() -> bool:
+    """Reset VmHWM to the current RSS (/proc/self/clear_refs, 5); False where the kernel refuses."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class HighWaterMark:
+    """The kernel's high-water mark made per window (a step): :meth:`start` resets it, so
+    :meth:`peak` is the exact peak RSS since the window began, however briefly it was reached. The
+    whole run's peak is kept across resets (:meth:`run_peak`). Where the reset is refused
+    (``resettable`` false) the mark is the process's, and a window's peak is exact only when the mark
+    rose during it."""
+
+    def __init__(self) -> None:
+        self._run = read_hwm()
+        self.resettable = reset_hwm()
+        self._at_start = read_hwm()
+
+    def start(self) -> None:
+        self._run = max(self._run, read_hwm())
+        if self.resettable:
+            reset_hwm()
+        self._at_start = read_hwm()
+
+    def peak(self) -> int | None:
+        """The exact peak since :meth:`start`, or None when it cannot be known (the process's mark did
+        not rise and cannot be reset)."""
+        hwm = read_hwm()
+        self._run = max(self._run, hwm)
+        return hwm if self.resettable or hwm > self._at_start else None
+
+    def run_peak(self) -> int:
+        """The peak RSS since the process started (VmHWM as if never reset)."""
+        self._run = max(self._run, read_hwm())
+        return self._run
 
 
 # Samples kept per step at most: past it, neighbouring pairs are merged into their larger value, so

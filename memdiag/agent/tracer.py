@@ -23,7 +23,7 @@ import time
 from typing import Any, Callable
 
 from memdiag.agent.records import CollectiveRecords, RecordWriter, SeriesPolicy, mem_record
-from memdiag.agent.sampler import MemorySampler, read_hwm
+from memdiag.agent.sampler import HighWaterMark, MemorySampler
 
 SETUP_STEP = -1
 
@@ -44,7 +44,7 @@ class Tracer:
         self.max_steps = max_steps
         self.step = SETUP_STEP
         self._step_start = time.time()
-        self._hwm_at_start = read_hwm()
+        self.hwm = HighWaterMark()
         self._lock = threading.RLock()
         self._anchor: tuple | None = None
         self._anchor_is_gradient = False
@@ -64,7 +64,7 @@ class Tracer:
         with self._lock:
             self.step = step
             self._step_start = time.time()
-            self._hwm_at_start = read_hwm()
+            self.hwm.start()
             self._received = []
             self._window = [None, None]
             self._live_bytes = 0
@@ -76,10 +76,10 @@ class Tracer:
             step = self.step if step is None else step
             now = time.time()
             sampled, times, rss = self.sampler.take_step()
-            hwm = read_hwm()
-            # A high-water mark that rose during the step was reached during it: the exact peak,
-            # which catches allocations shorter than the sampling interval.
-            peak = max(sampled, hwm) if hwm > self._hwm_at_start else sampled
+            # The high-water mark since the step began: the exact peak, which catches allocations
+            # shorter than the sampling interval.
+            exact = self.hwm.peak()
+            peak = sampled if exact is None else max(sampled, exact)
             start, end = self._window
             if start is not None and not self.auto_steps:
                 end = now
@@ -91,7 +91,8 @@ class Tracer:
                 "step_time_s": now - self._step_start,
                 "peak_rss_bytes": peak,
                 "sampled_peak_rss_bytes": sampled,
-                "hwm_bytes": hwm,
+                "hwm_bytes": self.hwm.run_peak(),
+                "exact_peak": exact is not None,
                 **phase_rises(times, rss, start, end),
                 "collective_live_peak_bytes": self._live_bytes + self._quotient_bytes,
             }
@@ -108,9 +109,10 @@ class Tracer:
             self.writer.flush()
 
     def finish(self) -> None:
-        """End the step in progress of an auto-stepped script."""
+        """End the step in progress of an auto-stepped script: its tail, which holds what the script
+        did after its last step (saving, evaluating), marked so that the steady state can leave it out."""
         if self.auto_steps:
-            self.end_step()
+            self.end_step(tail=True)
 
     # -- collectives -------------------------------------------------------------------------
     def collective(self, meta: dict[str, Any], shape_in: list[int], shape_out: list[int]) -> None:

@@ -4,7 +4,9 @@ The first steps of a run are not typical: step 0 traces the graph and builds Ten
 the allocator keeps growing its arenas for a few steps. The rule: the steady state begins with the first
 of two consecutive training steps whose peaks differ by at most 1% (of the earlier one); its figures are
 the largest over that step and every later one. A run whose peaks never settle is reported as not
-steady, with figures from its last two steps, so a reader knows to run more steps.
+steady, with figures from its last two steps, so a reader knows to run more steps. A script's last
+step (``tail`` in its record) also holds what the script did after its loop, so it is left out of the
+steady figures and reported apart (``tail_peak_rss_bytes``).
 
 Which phase set the peak: allocators keep what they were given, so RSS hardly falls within a run and
 the steady peak is the level the run was pushed to. The compute peak is RSS when the first gradient
@@ -37,11 +39,17 @@ def steady_figures(steps: list[dict[str, Any]], memory: list[dict[str, Any]] | N
     """Per-rank figures over the steady steps (``steps``: training step records in order; ``memory``:
     the rank's ``mem`` records, set-up included)."""
     steps = [s for s in steps if s.get("peak_rss_bytes")]
+    # A script's last step runs on to the script's end (its tail: saving, evaluating): the run's peak
+    # counts it, the steady state of training leaves it out.
+    tail = [s for s in steps if s.get("tail")]
+    if tail and len(tail) < len(steps):
+        steps = [s for s in steps if not s.get("tail")]
     figures: dict[str, Any] = {
         "steady": None, "steady_from_step": None, "first_step_peak_rss_bytes": None,
         "steady_peak_rss_bytes": None, "compute_peak_rss_bytes": None, "collective_peak_rss_bytes": None,
         "collective_rise_bytes": None, "compute_rise_bytes": None, "peak_phase": None,
-        "collective_live_peak_bytes": None}
+        "collective_live_peak_bytes": None,
+        "tail_peak_rss_bytes": tail[-1]["peak_rss_bytes"] if tail else None}
     if not steps:
         return figures
     start, settled = steady_start([s["peak_rss_bytes"] for s in steps])

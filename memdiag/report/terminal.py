@@ -151,6 +151,11 @@ def memory_text(summary: dict[str, Any]) -> Text:
     else:
         text.append(f"peak RSS {format_bytes(top['steady_peak_rss_bytes'])} (rank {top['rank']}) NOT steady: the "
                     "per-step peak still rose by more than 1%; run more steps (--steps). ", style="yellow")
+    tails = [r for r in ranks if (r.get("tail_peak_rss_bytes") or 0) > r["steady_peak_rss_bytes"]]
+    if tails:
+        last = max(tails, key=lambda r: r["tail_peak_rss_bytes"])
+        text.append(f"After its last step the script reached {format_bytes(last['tail_peak_rss_bytes'])} "
+                    f"(rank {last['rank']}: its own work after the loop, left out of the steady state). ")
     if top.get("collective_rise_bytes") is None or top["peak_phase"] is None:
         return text
     if top["collective_peak_rss_bytes"] is None and not top["collective_rise_bytes"]:

@@ -11,18 +11,8 @@ until the timeline file has not grown for half a second (at most 10 s) before th
 import os
 import runpy
 import sys
-import time
 
-
-def settle(path: str, quiet_s: float = 0.5, limit_s: float = 10.0) -> None:
-    deadline, last, quiet_since = time.monotonic() + limit_s, -1, time.monotonic()
-    while time.monotonic() < deadline:
-        size = os.path.getsize(path) if os.path.exists(path) else 0
-        if size != last:
-            last, quiet_since = size, time.monotonic()
-        elif time.monotonic() - quiet_since >= quiet_s:
-            return
-        time.sleep(0.05)
+from memdiag.rundir import wait_for_timeline_writer
 
 
 if __name__ == "__main__":
@@ -33,4 +23,4 @@ if __name__ == "__main__":
         runpy.run_path(script, run_name="__main__")
     finally:
         if os.environ.get("HOROVOD_TIMELINE"):
-            settle(os.environ["HOROVOD_TIMELINE"])
+            wait_for_timeline_writer(os.environ["HOROVOD_TIMELINE"])

@@ -33,6 +33,7 @@ SCRIPTS = {
     "user_alltoall.py": ["--steps", "3"],
     "user_sync_batchnorm.py": ["--steps", "3"],
     "user_backward_passes.py": ["--steps", "4"],
+    "user_repetitive_lookups.py": ["--steps", "3", "--vocab", "200000", "--tokens", "16384"],
 }
 OUTPUT_LINE = re.compile(r"^(step \d+ loss \S+|final \S+)$", re.M)
 

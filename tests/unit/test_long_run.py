@@ -69,6 +69,21 @@ class ScriptedSampler:
         pass
 
 
+class NoMark:
+    """A high-water mark that never reads the kernel's (records that do not depend on this process)."""
+
+    resettable = False
+
+    def start(self) -> None:
+        pass
+
+    def peak(self) -> None:
+        return None
+
+    def run_peak(self) -> int:
+        return 0
+
+
 def write_run(path: Path, steps: int, world_size: int = 2, kernels: list[str] = KERNELS) -> Path:
     """A run of ``steps`` steps written by memdiag's tracer: per step an allreduce of each of
     ``kernels`` and an embedding gathered as values and indices whose row count changes every 7th step."""
@@ -78,7 +93,7 @@ def write_run(path: Path, steps: int, world_size: int = 2, kernels: list[str] = 
     for rank in range(world_size):
         clock = Clock()
         with mock.patch.object(tracer_module, "time", clock), mock.patch.object(record_format, "time", StillClock(clock)), \
-                mock.patch.object(tracer_module, "read_hwm", lambda: 0):
+                mock.patch.object(tracer_module, "HighWaterMark", NoMark):
             writer = RecordWriter(str(path / f"rank-{rank}.jsonl"), rank)
             tracer = Tracer(writer, ScriptedSampler(clock), rank, auto_steps=False)  # type: ignore[arg-type]
             writer.write_now({"type": "start", "size": world_size, "host": "h"})

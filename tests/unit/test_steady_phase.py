@@ -92,3 +92,14 @@ def test_a_steps_live_collective_bytes_hold_one_quotient_at_a_time(tmp_path):
                 if r["type"] == "step")
     gathered = 600 * 16 * 4 + 600 * 4 + 400 * 16 * 4 + 400 * 4  # both tensors' values and indices
     assert step["collective_live_peak_bytes"] == gathered + 600 * 16 * 4  # + a's quotient, the larger
+
+
+def test_a_scripts_tail_is_left_out_of_the_steady_state_and_reported_apart():
+    # GIVEN a script whose last step runs on to its end, where it reads its whole table back (+244 MiB)
+    steps = [_step(0, 1000), _step(1, 1010), _step(2, 1012), {**_step(3, 1256), "tail": True}]
+    figures = steady_figures(steps, [])
+    # THEN the steady peak is the training steps' and the tail's peak is apart
+    assert figures["steady_peak_rss_bytes"] == 1012 * MiB and figures["steady_from_step"] == 0
+    assert figures["tail_peak_rss_bytes"] == 1256 * MiB
+    # AND a run of one step, its tail, still has a steady figure (from that step)
+    assert steady_figures([{**_step(0, 900), "tail": True}], [])["steady_peak_rss_bytes"] == 900 * MiB
