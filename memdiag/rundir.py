@@ -33,6 +33,7 @@ SCALE_FILE = "scale.json"
 HOROVOD_TIMELINE = "horovod-timeline.json"
 MPIRUN_LOG = "mpirun.log"
 PARAMETERS = "params.npz"  # rank 0's trained parameters, for the correctness check
+INITIAL_PARAMETERS = "params_initial.npz"  # rank 0's parameters before the first update (their movement)
 RANK_FILE = re.compile(r"rank-(\d+)\.jsonl$")
 RANK_GLOB = "rank-*.jsonl"
 MEMRAY_SUFFIX = ".memray.bin"

@@ -85,8 +85,10 @@ class CollectiveHooks:
         on_decision: Callable[[Decision], None],
         fault: str | None = None,
         check_reduction: bool = False,
+        initial_parameters: str | None = None,
     ) -> None:
         self.tracer = tracer
+        self.initial_parameters = initial_parameters  # where to save the parameters before the first update
         self.world_size = world_size
         self.policy = DensifyPolicy(mode, margin, world_size, on_decision, fault)
         self.check_reduction = check_reduction
@@ -259,6 +261,8 @@ class CollectiveHooks:
                     self._initial_recorded = True
                     self.tracer.writer.add({"type": "params_initial", "step": self.tracer.step,
                                             "digest": self.variables_digest(), "variables": len(self.variables)})
+                    if self.initial_parameters:
+                        self.save_variables(self.initial_parameters)
                 order = reduction_order(grads, vars, groups)
                 with self._queued([origins[i] for i in order]):
                     reduced = inner(grads, vars, use_generic_names)
@@ -382,6 +386,13 @@ class CollectiveHooks:
         job's result (compared between modes), their first values tell whether the script seeds."""
         if var is not None and name not in self.variables:
             self.variables[name] = var
+
+    def save_variables(self, path: str) -> None:
+        """The captured variables' current values to ``path`` (read eagerly)."""
+        from memdiag.workloads.loop import save_parameters
+
+        with tf.init_scope():
+            save_parameters(path, [self.variables[name] for name in sorted(self.variables)])
 
     def variables_digest(self) -> str | None:
         """Fingerprint of the captured variables' current values (read eagerly)."""

@@ -185,12 +185,26 @@ def _parameter_check(n: int, mode: str, reference_mode: str, ref_dir: str, run_d
     ref_params, params = os.path.join(ref_dir, rundir.PARAMETERS), os.path.join(run_dir, rundir.PARAMETERS)
     if not (os.path.exists(ref_params) and os.path.exists(params)):
         return {**base, "passed": None, "note": "no parameters saved (no gradient reduction was seen)"}
-    diffs = verify.compare_parameters(verify.load_parameters(ref_params), verify.load_parameters(params))
+    initial_path = os.path.join(ref_dir, rundir.INITIAL_PARAMETERS)
+    initial = verify.load_parameters(initial_path) if os.path.exists(initial_path) else None
+    terms = most_terms(ref, n)
+    diffs = verify.compare_parameters(verify.load_parameters(ref_params), verify.load_parameters(params),
+                                      initial=initial, terms=terms)
     losses = verify.compare_losses(_losses(ref), _losses(other))
     return {**base, "passed": all(d.passed for d in diffs) and losses <= verify.RTOL,
             "max_abs_diff": max((d.max_abs_diff for d in diffs), default=0.0),
             "max_rel_diff": max((d.max_rel_diff for d in diffs), default=0.0),
-            "loss_max_rel_diff": losses, "variables": [d.__dict__ for d in diffs]}
+            "loss_max_rel_diff": losses, "variables": [d.__dict__ for d in diffs],
+            "terms": terms if initial is not None else None,
+            "update_allowance": verify.update_allowance(terms) if initial is not None else None}
+
+
+def most_terms(summary: dict[str, Any], world_size: int) -> int:
+    """The most numbers one reduced gradient element can sum in a run: N x T for a gathered gradient
+    (every gathered row may carry the same index), N for a dense one; the shapes come from the policy
+    records, known before any collective ran."""
+    rows = [p.get("rows_per_rank") or 0 for p in summary.get("policy", [])]
+    return world_size * max([1, *rows])
 
 
 def correctness(run_dirs: dict[tuple[int, str], str], summaries: dict[tuple[int, str], dict[str, Any]],
@@ -218,6 +232,8 @@ def correctness(run_dirs: dict[tuple[int, str], str], summaries: dict[tuple[int,
         "max_rel_diff": max((c["max_rel_diff"] or 0.0 for c in compared), default=None),
         "rtol": verify.RTOL,
         "atol": verify.ATOL,
+        "terms_max": max((c["terms"] for c in compared if c.get("terms")), default=None),
+        "update_allowance": max((c["update_allowance"] for c in compared if c.get("update_allowance")), default=None),
         "ranks_identical_every_step": ranks_identical,
         "reduction": reduction,
         "notes": sorted({c["note"] for c in checks if c.get("note")}),

@@ -100,7 +100,11 @@ def verdict(result: dict[str, Any]) -> Text:
         word = "PASSED" if c["passed"] else "FAILED"
         text.append(f"Correctness {word}: ", style=style)
         text.append(f"max |diff| {_num(c['max_abs_diff'])}, max relative {_num(c['max_rel_diff'])} "
-                    f"(tolerance rtol {c['rtol']:g}, atol {c['atol']:g}); ")
+                    f"(tolerance rtol {c['rtol']:g}, atol {c['atol']:g}")
+        if c.get("update_allowance"):
+            text.append(f", + {c['update_allowance']:.2g} of each variable's largest update: float rounding's "
+                        f"share for sums of up to {c['terms_max']} numbers")
+        text.append("); ")
         reduction = c.get("reduction")
         if reduction and reduction.get("failed_run"):
             text.append(f"reduction check did not finish (verification run: {reduction['failed_run']}; see its "

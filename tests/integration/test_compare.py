@@ -95,6 +95,9 @@ def test_an_injected_wrong_reduction_fails_the_verification(runs_root):
     c = read_json(out / "compare.json")["correctness"]
     assert c["passed"] is False and c["reduction"]["passed"] is False
     assert c["reduction"]["max_rel_diff"] > 0.4  # a sum over 2 ranks is twice the average
+    # AND the parameters fail too, rounding's allowance for the update included
+    assert [check["passed"] for check in c["checks"] if check["mode"] == "dense"] == [False]
+    assert c["update_allowance"] is not None and c["update_allowance"] < 0.01
     assert "Correctness FAILED" in result.stdout
 
 

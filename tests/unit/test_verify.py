@@ -71,3 +71,26 @@ def test_fp16_compression_gets_half_precisions_tolerance():
     from memdiag.analyze.verify import FP16_REDUCTION_RTOL, REDUCTION_RTOL, reduction_rtol
 
     assert reduction_rtol("FP16Compressor") == FP16_REDUCTION_RTOL > reduction_rtol("NoneCompressor") == REDUCTION_RTOL
+
+
+def test_rounding_of_long_sums_is_allowed_in_proportion_to_the_update_and_a_fault_is_not():
+    from memdiag.analyze.verify import UNIT_ROUNDOFF, update_allowance
+
+    # GIVEN a table row that moved 0.02 from its start over the run, where one gradient element summed
+    # up to 786,432 numbers (4 ranks x 196,608 rows)
+    initial = {"t": np.zeros(4, np.float32)}
+    ref = {"t": np.array([0.02, 0.01, 0.0, -0.005], np.float32)}
+    terms = 786_432
+    allowance = 2 * terms * UNIT_ROUNDOFF / (1 - terms * UNIT_ROUNDOFF)  # by hand: 0.0985
+    assert abs(update_allowance(terms) - allowance) < 1e-12
+    # WHEN the other mode's row differs by 6.35e-5 (a summation order's rounding, 0.3% of the update)
+    rounded = {"t": ref["t"] + np.float32(6.35e-5)}
+    # THEN the fixed tolerance alone fails it, the update-relative allowance passes it
+    assert not compare_parameters(ref, rounded)[0].passed
+    [d] = compare_parameters(ref, rounded, initial=initial, terms=terms)
+    assert d.passed and abs(d.max_update - 0.02) < 1e-9 and abs(d.allowance - allowance * 0.02) < 1e-9
+    # AND a fault that doubles the update (a sum for an average at N=2) fails even with it
+    doubled = {"t": 2 * ref["t"]}
+    assert not compare_parameters(ref, doubled, initial=initial, terms=terms)[0].passed
+    # AND a sum so long that rounding could explain anything caps the allowance at the update itself
+    assert update_allowance(2**24) == 1.0
