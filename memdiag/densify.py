@@ -74,33 +74,67 @@ class DensifyPolicy:
             world = _set_size(process_set) if process_set is not None or self.world_size is None \
                 else self.world_size()
             shape = sparse_shape(grad, var)
-            local_rows = None if shape is None else shape.rows_per_rank
             # U is known here only when the indices are concrete (eager code); in a graph it is measured
             # when the step runs (see the hooks' run-time decision).
             local_distinct = int(distinct_rows(grad.indices)) if tf.executing_eagerly() \
                 and self.mode in ("auto", "dedup") else None
-            if shape is not None and local_distinct is not None:
-                shape = replace(shape, distinct_rows=local_distinct)
-            if self.mode == "auto" and world > 1:
-                # Every rank takes part, known rows or not, so nobody waits alone.
-                rows = self.agree(UNKNOWN_ROWS if local_rows is None else local_rows, process_set, name)
-                shape = None if shape is None or rows == UNKNOWN_ROWS else replace(shape, rows_per_rank=rows)
-                if local_distinct is not None:
-                    distinct = self.agree(local_distinct, process_set, name + ":distinct")
-                    shape = None if shape is None else replace(shape, distinct_rows=distinct)
-            decision = decide(self.mode, name, world, shape, self.margin, script_densifies, local_rows,
-                              local_distinct)
+            decision = self._decide_shape(name, shape, local_distinct, script_densifies, process_set, world)
             self.decisions[name] = decision
             if self.on_decision is not None:
                 self.on_decision(decision)
         return self.decisions[name]
 
-    def needs_run_time(self, grad: tf.IndexedSlices, var: Any, process_set: Any = None) -> bool:
+    def _decide_shape(self, name: str, shape: SparseGradientShape | None, local_distinct: int | None,
+                      script_densifies: bool, process_set: Any, world: int | None = None) -> Decision:
+        """The decision from this rank's sizes, agreed in ``auto`` (the largest rows and distinct rows
+        of any rank: a max-allreduce each)."""
+        if world is None:
+            world = _set_size(process_set) if process_set is not None or self.world_size is None \
+                else self.world_size()
+        local_rows = None if shape is None else shape.rows_per_rank
+        if shape is not None and local_distinct is not None:
+            shape = replace(shape, distinct_rows=local_distinct)
+        if self.mode == "auto" and world > 1:
+            # Every rank takes part, known rows or not, so nobody waits alone.
+            rows = self.agree(UNKNOWN_ROWS if local_rows is None else local_rows, process_set, name)
+            shape = None if shape is None or rows == UNKNOWN_ROWS else replace(shape, rows_per_rank=rows)
+            if local_distinct is not None:
+                distinct = self.agree(local_distinct, process_set, name + ":distinct")
+                shape = None if shape is None else replace(shape, distinct_rows=distinct)
+        return decide(self.mode, name, world, shape, self.margin, script_densifies, local_rows, local_distinct)
+
+    def needs_run_time(self, grad: tf.IndexedSlices, var: Any, process_set: Any = None,
+                       name: str | None = None) -> bool:
         """``auto`` inside a graph: the distinct rows U (and, for a batch of unknown size, the rows T)
-        are only known when the step runs, so the decision is made at the first step, see the hooks."""
+        are only known when the step runs, so the decision is made at the first step, see the hooks;
+        unless it was made before the step was traced (:meth:`decide_lookup`)."""
+        if name is not None and name in self.decisions:
+            return False
         world = _set_size(process_set) if process_set is not None or self.world_size is None else self.world_size()
         return (self.mode == "auto" and world > 1 and not tf.executing_eagerly() and self.fault is None
                 and row_shape(grad, var) is not None)
+
+    def decide_lookup(self, name: str, var: Any, ids: np.ndarray) -> Decision:
+        """The decision for an embedding table whose gradient will be the rows ``ids`` looked up (the
+        first batch's, every rank its own), made before the step is traced: the gradient has one row
+        per id (T = ids.size) and U = the distinct ids, so ``auto`` needs no run-time switch in the
+        graph. Every rank must call it, for the same tables in the same order (the agreement)."""
+        if name in self.decisions:
+            return self.decisions[name]
+        ids = np.asarray(ids)
+        row_elements = math.prod(var.shape[1:])
+        index_bytes = ids.dtype.itemsize if ids.dtype in (np.int32, np.int64) else 4  # Keras casts others to int32
+        shape = SparseGradientShape(rows_per_rank=int(ids.size), row_bytes=row_elements * var.dtype.size,
+                                    index_bytes=index_bytes, dense_rows=int(var.shape[0]),
+                                    row_elements=row_elements)
+        distinct = int(np.unique(ids).size) if self.mode in ("auto", "dedup") else None
+        decision = self._decide_shape(name, shape, distinct, False, None)
+        note = "; rows and distinct rows from the first batch's ids, before the step was traced"
+        decision = replace(decision, reason=decision.reason + note)
+        self.decisions[name] = decision
+        if self.on_decision is not None:
+            self.on_decision(decision)
+        return decision
 
     def decide_rows(self, name: str, shape: SparseGradientShape, local_rows: int, agreed_rows: int,
                     script_densifies: bool, world: int, local_distinct: int | None = None,

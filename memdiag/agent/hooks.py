@@ -240,7 +240,7 @@ class CollectiveHooks:
                     if isinstance(grad, tf.IndexedSlices):
                         if self.check_reduction:
                             self._compare_reductions(name, grad, op, compression, process_set)
-                        if reduce_op in ("average", "sum") and self.policy.needs_run_time(grad, var, process_set):
+                        if reduce_op in ("average", "sum") and self.policy.needs_run_time(grad, var, process_set, name):
                             # Reduced below, by the path the first step's agreed rows choose.
                             at_run_time[i] = (grad, var)
                             grads[i] = None
@@ -386,6 +386,12 @@ class CollectiveHooks:
         job's result (compared between modes), their first values tell whether the script seeds."""
         if var is not None and name not in self.variables:
             self.variables[name] = var
+
+    def decide_lookups(self, tables: list[tuple[Any, Any]]) -> None:
+        """Decide, before the step is traced, for embedding tables whose gradient rows are known
+        lookups: ``(variable, ids of the first batch)`` per table (a built-in workload's)."""
+        for var, ids in tables:
+            self.policy.decide_lookup(_var_name(var), var, ids)
 
     def save_variables(self, path: str) -> None:
         """The captured variables' current values to ``path`` (read eagerly)."""

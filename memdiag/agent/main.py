@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             # The script initialises Horovod itself, with its own arguments (process sets, ...).
             hooks.on_init = started
-        _run_workload(config, tracer, hvd, spool)
+        _run_workload(config, tracer, hvd, spool, hooks)
         tracer.finish()
         if config.is_script:
             _save_script_parameters(hooks, writer, hvd.rank(), spool)
@@ -244,7 +244,7 @@ def _start_record(config: AgentConfig, hvd: Any) -> dict[str, Any]:
     }
 
 
-def _run_workload(config: AgentConfig, tracer: Tracer, hvd: Any, spool: str) -> None:
+def _run_workload(config: AgentConfig, tracer: Tracer, hvd: Any, spool: str, hooks: Any) -> None:
     if config.script is not None:
         sys.argv = [config.script, *config.script_args]
         sys.path.insert(0, os.path.dirname(os.path.abspath(config.script)))
@@ -263,6 +263,7 @@ def _run_workload(config: AgentConfig, tracer: Tracer, hvd: Any, spool: str) -> 
         run_dir=spool,
         check_params=config.check_params,
         max_warmup=config.max_warmup,
+        decide_lookups=hooks.decide_lookups if config.mode == "auto" and hvd.size() > 1 else None,
     )
     if config.workload == "resnet50":
         from memdiag.workloads import resnet

@@ -26,6 +26,9 @@ class WorkloadContext:
     run_dir: str | None  # where rank 0 saves the final parameters (None: not visible)
     check_params: bool
     max_warmup: int = 0  # extra steps allowed while the per-step peak has not settled
+    # auto on several ranks: decide for embedding tables from their first batch's ids before the step
+    # is traced, [(variable, ids)] (every rank, the same tables in the same order)
+    decide_lookups: Callable[[list[tuple[Any, Any]]], None] | None = None
 
 
 def parameter_digest(variables: list) -> str:

@@ -174,6 +174,15 @@ def run(ctx: WorkloadContext, workload: str = "transformer") -> None:
     source, target_in, _, side = batches(0)
     model((source, target_in, side))
     optimizer.build(model.trainable_variables)  # slots made here, not in a second trace
+    if ctx.decide_lookups is not None:
+        # The tables whose gradients are IndexedSlices of one row per looked-up id (a tied target
+        # table's is dense), decided from the first batch before the step is traced.
+        tables = [(model.source_embedding.embeddings, source)]
+        if not config.tie_target_embedding:
+            tables.append((model.target_embedding.embeddings, target_in))
+        if model.side_embedding is not None:
+            tables.append((model.side_embedding.embeddings, side))
+        ctx.decide_lookups(tables)
 
     # One trace, without autograph (the step has no data-dependent Python control flow): step 0
     # traces the graph, and that was most of a short run's time.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from memdiag.workloads.configs import PRESETS
-from tests.helpers import memdiag, read_json
+from tests.helpers import memdiag, read_json, read_records
 
 # The shared comparison runs four modes at two rank counts, then the verification: more than the
 # default 600 s on 2 shared cores under load.
@@ -49,6 +49,10 @@ def test_compare_writes_rows_growth_and_correctness(comparison):
     assert 0 < dedup["gathered_bytes"] < dedup["unmerged_gathered_bytes"] and dedup["merge_s_median"] > 0
     for text in ("Per rank count and mode", "Growth per added rank", "peak RSS per rank", "Correctness PASSED"):
         assert text in result.stdout
+    # a built-in workload's auto decided from the first batch's ids before tracing (no run-time switch)
+    policies = [r for r in read_records(out / "n2-auto" / "rank-0.jsonl") if r["type"] == "policy"]
+    assert policies and all("before the step was traced" in p["reason"] for p in policies)
+    assert all(p["step"] == -1 and p["distinct_rows"] is not None for p in policies)
 
 
 def test_compare_report_rerenders_from_the_directory(comparison):
