@@ -4,7 +4,7 @@ A standalone probe for issue 12, launched by mpirun, one TensorFlow worker per M
 
     mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 \\
         .venv/bin/python probes/tf_distribute_gather.py [--densify] [--eager] \\
-        [--rows-base 1000 --rows-step 500 --width 256 --vocab 5000 --steps 2]
+        [--rows-base 1000 --rows-step 500 --width 256 --vocab 5000 --steps 2] [--horovod]
 
 Rank 0 picks N free loopback ports and broadcasts them with mpi4py; each rank then writes its
 TF_CONFIG (``worker`` r at ``localhost:P_r``) before TensorFlow is imported, and builds
@@ -33,6 +33,9 @@ formula N x max_rows x (row_bytes + index_bytes), whether they are equal, and th
 (N x max_rows - sum of rows) x (row_bytes + index_bytes). With ``--densify`` the IndexedSlices is
 turned dense (``tf.convert_to_tensor``) before ``apply_gradients`` and the dense all-reduce bytes
 are shown instead. "Received" means the bytes of the collective's output tensor on that worker.
+
+``--horovod`` (main .venv only) runs the same lookups without MWMS and reduces the gradient with
+``hvd.allreduce(op=hvd.Sum)`` instead: a baseline in which every worker receives the sum of all rows.
 
 The end: an MPI barrier, ``MPI.Finalize()``, then ``os._exit`` (gRPC teardown of MWMS can hang or abort otherwise).
 """
@@ -65,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eager", action="store_true", help="no tf.function: strategy.run eagerly")
     p.add_argument("--timeout", type=float, default=0.0, help="collective timeout in seconds (0: none)")
     p.add_argument("--json", default="", help="also write every record to this file (rank 0)")
+    p.add_argument("--horovod", action="store_true",
+                   help="baseline: the same lookups reduced by Horovod's hvd.allreduce (eager), no MWMS")
     return p.parse_args(argv)
 
 
@@ -214,11 +219,68 @@ def summarize(records: list[dict[str, Any]], n: int, densify: bool) -> list[str]
     return lines
 
 
+def horovod_baseline(args: argparse.Namespace, comm: Any, rank: int, size: int) -> None:
+    """The same lookups, the IndexedSlices gradient reduced by ``hvd.allreduce(g, op=hvd.Sum)``: two
+    allgathers (values, indices) of each rank's own rows, no padding. Eager, so the received shapes are
+    read directly. Needs Horovod (the main .venv, TF 2.15)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import horovod
+    import horovod.tensorflow as hvd
+    import numpy as np
+    import tensorflow as tf
+
+    hvd.init()
+    rows = args.rows_base + rank * args.rows_step
+    emb = tf.keras.layers.Embedding(args.vocab, args.width)
+    emb.build((None,))
+    ids = tf.constant(np.random.default_rng(rank).integers(0, args.vocab, rows), tf.int32)
+    mine = []
+    for step in range(args.steps):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(emb(ids)) / 4096.0
+        g = tape.gradient(loss, emb.trainable_variables[0])
+        assert isinstance(g, tf.IndexedSlices), type(g)
+        r = hvd.allreduce(g, op=hvd.Sum)
+        row_b = r.values.dtype.size * args.width
+        mine.append({"step": step, "worker": rank, "rows": rows, "row_b": row_b, "idx_b": r.indices.dtype.size,
+                     "values_B": int(np.prod(r.values.shape)) * r.values.dtype.size,
+                     "indices_B": int(np.prod(r.indices.shape)) * r.indices.dtype.size,
+                     "sent_B": rows * (row_b + g.indices.dtype.size)})
+    comm.Barrier()
+    everything = comm.gather(mine, root=0)
+    if rank == 0:
+        assert everything is not None
+        recs = [r for part in everything for r in part]
+        all_rows = [r["rows"] for r in recs if r["step"] == 0]
+        sm, mx = sum(all_rows), max(all_rows)
+        out = [f"{PROG} --horovod: TensorFlow {tf.__version__}, Horovod {horovod.__version__}, N={size}, eager, "
+               f"hvd.allreduce(IndexedSlices, op=Sum)",
+               f"rows per worker {all_rows}, width {args.width} float32, vocab {args.vocab}, steps {args.steps}",
+               f"{'step':>4} {'worker':>6} {'rows':>6} {'sum':>6} {'values_B':>10} {'indices_B':>9} {'recv_B':>10} "
+               f"{'sum*(row+idx)':>13} {'match':>5} {'N*max*(row+idx)':>15} {'sent_B':>9}"]
+        for r in sorted(recs, key=lambda r: (r["step"], r["worker"])):
+            recv = r["values_B"] + r["indices_B"]
+            exact = sm * (r["row_b"] + r["idx_b"])
+            padded = size * mx * (r["row_b"] + r["idx_b"])
+            out.append(f"{r['step']:>4} {r['worker']:>6} {r['rows']:>6} {sm:>6} {r['values_B']:>10} "
+                       f"{r['indices_B']:>9} {recv:>10} {exact:>13} {str(recv == exact):>5} {padded:>15} "
+                       f"{r['sent_B']:>9}")
+        print("\n".join(out), flush=True)
+    comm.Barrier()
+    hvd.shutdown()
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
     args = parse_args(argv)
     comm = MPI.COMM_WORLD
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", comm.Get_rank()))
     size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", comm.Get_size()))
+    if args.horovod:
+        horovod_baseline(args, comm, rank, size)
+        MPI.Finalize()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     ports = comm.bcast(free_ports(size) if rank == 0 else None, root=0)
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"localhost:{p}" for p in ports]},
                                           "task": {"type": "worker", "index": rank}})
