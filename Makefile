@@ -2,10 +2,14 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-slow test-fast lint bench clean-runs
+.PHONY: setup setup-tf-latest demo test test-slow test-fast lint bench clean-runs
 
 setup:
 	bash scripts/setup.sh
+
+# The optional second environment (issue 12): newest tensorflow-cpu with Keras 3, mpi4py, no Horovod.
+setup-tf-latest:
+	bash scripts/setup_tf_latest.sh
 
 # The main job on its built-in default: sparse, dense and auto on 1, 2 and 4 ranks.
 demo: setup
