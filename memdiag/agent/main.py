@@ -212,9 +212,7 @@ def _save_script_parameters(hooks: Any, writer: RecordWriter, rank: int, spool: 
     writer.write_now({"type": "params_final", "digest": hooks.variables_digest(),
                       "variables": len(hooks.variables)})
     if rank == 0:
-        from memdiag.workloads.loop import save_parameters
-
-        save_parameters(os.path.join(spool, rundir.PARAMETERS), list(hooks.variables.values()))
+        hooks.save_variables(os.path.join(spool, rundir.PARAMETERS))
 
 
 def _start_record(config: AgentConfig, hvd: Any) -> dict[str, Any]:
