@@ -431,35 +431,58 @@ class CollectiveHooks:
         plain = self._plain_allreduce
         assert plain is not None, "install() keeps Horovod's own allreduce"
         slices = plain(grad, **kwargs)
-        gathered = tf.convert_to_tensor(slices)
+        # Only the rows some rank looked up can differ from zero: the three results are compared on
+        # those (as float64 in numpy) and a dense result must be zero everywhere else. A table-sized
+        # float64 copy of each result would cost a verification run several times the job's memory.
+        touched, position = tf.unique(slices.indices)
+        count = tf.shape(touched, out_type=slices.indices.dtype)[0]
+        # The gathered rows summed per index: the same additions, in the same order, as the dense
+        # conversion the optimizer's sparse update amounts to.
+        gathered = tf.math.unsorted_segment_sum(slices.values, position, count)
         reduced = plain(self.policy.densify(grad), **kwargs)
         merged = tf.convert_to_tensor(plain(self.policy.merge(grad), **kwargs))
         # What each row sums, from the gathered rows themselves (every rank's, after the op's scaling):
-        # the number of terms and the sum of their magnitudes, for float rounding's bound.
-        rows = tf.shape(gathered, out_type=slices.indices.dtype)[0]
-        terms = tf.math.unsorted_segment_sum(tf.ones_like(slices.indices, tf.float64), slices.indices, rows)
-        magnitude = tf.math.unsorted_segment_sum(tf.abs(tf.cast(slices.values, tf.float64)), slices.indices, rows)
+        # the number of terms and the sum of their magnitudes, for float rounding's bound. The
+        # magnitudes are summed in float32 (n terms: at most gamma(n - 1) below the exact sum, all
+        # terms being positive), then raised by 1 / (1 - gamma(n)) to stay an upper bound.
+        terms = tf.math.unsorted_segment_sum(tf.ones_like(slices.indices, tf.float64), position, count)
+        magnitude = tf.math.unsorted_segment_sum(tf.abs(slices.values), position, count)
         unit = float(np.finfo(grad.values.dtype.as_numpy_dtype).eps) / 2
 
-        def emit(a, b, n, total, against):
-            a, b = a.numpy().astype("float64"), b.numpy().astype("float64")
+        def on_touched(dense):
+            rows = tf.gather(dense, touched)
+            elsewhere = tf.math.count_nonzero(dense, dtype=tf.int64) - tf.math.count_nonzero(rows, dtype=tf.int64)
+            return rows, elsewhere
+
+        def emit(a, b, elsewhere, n, total, against):
+            a, b, n = a.numpy().astype("float64"), b.numpy().astype("float64"), n.numpy()
+            gamma = n * unit / np.maximum(1 - n * unit, unit)
+            total = total.numpy().astype("float64") / np.maximum(1 - gamma, unit).reshape((-1,) + (1,) * (a.ndim - 1))
             diff = abs(a - b)
             scale = float(abs(a).max(initial=0.0))
             record = {**base, "step": self.tracer.step, "against": against,
                       "max_abs_diff": float(diff.max(initial=0.0)), "scale": scale,
-                      "max_rel_diff": float(diff.max(initial=0.0)) / scale if scale else 0.0}
+                      "max_rel_diff": float(diff.max(initial=0.0)) / scale if scale else 0.0,
+                      "rows_compared": int(a.shape[0])}
+            outside = int(elsewhere.numpy())
+            if outside:
+                # Elements no rank looked up, yet nonzero in this reduction: no summation order explains it.
+                record.update(max_abs_diff=float("inf"), max_rel_diff=float("inf"), nonzero_elsewhere=outside)
             if against == "dedup" or record["compression"] in (None, "NoneCompressor"):
-                record["rounding_bound_ratio"] = rounding_bound_ratio(diff, a, n.numpy(), total.numpy(), unit)
-                record["terms_max"] = int(n.numpy().max(initial=0))
+                record["rounding_bound_ratio"] = (float("inf") if outside else
+                                                  rounding_bound_ratio(diff, a, n, total, unit))
+                record["terms_max"] = int(n.max(initial=0))
             writer.add(record)
             return []
 
         for other, against in ((reduced, "dense"), (merged, "dedup")):
+            rows, elsewhere = on_touched(other)
             if tf.executing_eagerly():
-                emit(gathered, other, terms, magnitude, against)
+                emit(gathered, rows, elsewhere, terms, magnitude, against)
             else:
-                tf.py_function(lambda a, b, n, total, against=against: emit(a, b, n, total, against),
-                               [gathered, other, terms, magnitude], Tout=[], name="memdiag_reduction_check")
+                tf.py_function(lambda a, b, e, n, total, against=against: emit(a, b, e, n, total, against),
+                               [gathered, rows, elsewhere, terms, magnitude], Tout=[],
+                               name="memdiag_reduction_check")
 
     # -- op level ---------------------------------------------------------------------------------
     def _wrap_op(self, op: str) -> Callable[[Callable], Callable]:
