@@ -294,6 +294,7 @@ def build(target: str, preset: str | None, run_dirs: Mapping[tuple[int, str], st
         "tensors": growth_tensors(summaries),
         "correctness": correctness(firsts, summaries, verify_summary),
         "oversubscribed": any(s.get("oversubscribed") for s in summaries.values()),
+        "memory_environment": {k: v for s in summaries.values() for k, v in (s.get("memory_environment") or {}).items()},
         "all_ok": all(r["status"] == "ok" for r in rows),
         "noise_bytes": noise(rows),
         "noise_source": "repeats" if noise(rows) is not None else None,

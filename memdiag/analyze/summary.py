@@ -296,6 +296,7 @@ def summarize(run: Run) -> dict[str, Any]:
         # What the script asked Horovod for (DistributedGradientTape / DistributedOptimizer arguments).
         "script_choices": choices,
         "changes_to_job": m.get("changes_to_job", []),
+        "memory_environment": m.get("memory_environment", {}),
         "initial_params_digest": params["params_initial"].get(0),
         "final_params_digest": params["params_final"].get(0),
         "steps_detail": steps,

@@ -8,7 +8,7 @@ import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from memdiag import __version__, rundir
 from memdiag._errors import UserError
@@ -75,6 +75,19 @@ def validate(request: RunRequest) -> None:
 
 def default_out(request: RunRequest) -> str:
     return rundir.new_dir_name(f"{request.label}-{request.mode}-n{request.world_size}")
+
+
+# Settings in the user's environment that change how the ranks' memory is allocated, and so what RSS
+# shows. memdiag never sets them for the job (but for --memray's TF_ENABLE_ONEDNN_OPTS, a change it
+# states): it records them in run.json and the reports name them (report/terminal.py says what each governs).
+MEMORY_ENVIRONMENT = ("TF_ENABLE_ONEDNN_OPTS", "TF_CPU_ALLOCATOR_USE_BFC", "MALLOC_ARENA_MAX",
+                      "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD")
+
+
+def memory_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The memory settings the user's environment passes to the ranks, name -> value."""
+    environ = os.environ if environ is None else environ
+    return {name: environ[name] for name in MEMORY_ENVIRONMENT if name in environ}
 
 
 def changes_to_job(request: RunRequest) -> list[str]:
@@ -179,6 +192,7 @@ def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None) 
         "created": time.time(),
         "status": "running",
         "changes_to_job": changes_to_job(request),
+        "memory_environment": memory_environment(),
     }
     manifest_path = os.path.join(out, rundir.RUN_MANIFEST)
     rundir.write_json(manifest_path, manifest)

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from memdiag.report._fit import Column, FitTable
 from memdiag.report.chart import peak_chart
-from memdiag.report.terminal import common_scope, short_name
+from memdiag.report.terminal import common_scope, describe_memory_environment, short_name
 from memdiag.units import format_bytes
 
 
@@ -133,6 +133,8 @@ def verdict(result: dict[str, Any]) -> Text:
                 text.append(f"  N={check['world_size']} {check['mode']} vs {check['against']}: "
                             f"max |diff| {_num(check['max_abs_diff'])}, loss rel diff "
                             f"{_num(check['loss_max_rel_diff'])} {check.get('note', '')}\n", style="red")
+    for phrase in describe_memory_environment(result.get("memory_environment") or {}):
+        text.append(f"Set in the environment of every run: {phrase}.\n", style="yellow")
     if result.get("oversubscribed"):
         text.append("Ranks shared cores on this host: step times and throughput are not a scaling measurement.\n",
                     style="yellow")

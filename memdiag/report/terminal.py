@@ -18,6 +18,22 @@ from memdiag.units import format_bytes
 MAX_TENSOR_ROWS = 12
 
 
+_MEMORY_SETTINGS = {
+    "TF_ENABLE_ONEDNN_OPTS": "oneDNN's kernels and its pooled CPU allocator; at 0 RSS follows the tensors alive",
+    "TF_CPU_ALLOCATOR_USE_BFC": "TensorFlow's pooled CPU allocator",
+    "MALLOC_ARENA_MAX": "glibc's malloc arenas",
+    "MALLOC_MMAP_THRESHOLD_": "glibc's mmap threshold",
+    "MALLOC_TRIM_THRESHOLD_": "glibc's trim threshold",
+    "LD_PRELOAD": "a preloaded library, such as another allocator",
+}
+
+
+def describe_memory_environment(settings: dict[str, str]) -> list[str]:
+    """The memory settings the user's environment gave the ranks (run.json's ``memory_environment``),
+    one phrase each: ``NAME=VALUE (what it governs)``."""
+    return [f"{name}={value} ({_MEMORY_SETTINGS.get(name, 'memory allocation')})" for name, value in settings.items()]
+
+
 def run_header(summary: dict[str, Any], manifest: dict[str, Any]) -> Panel:
     versions = manifest.get("versions") or {}
     target = summary.get("workload") or "?"
@@ -186,6 +202,8 @@ def script_text(summary: dict[str, Any]) -> Text:
     for c in summary.get("script_choices", []):
         if c.get("backward_passes_per_step", 1) not in (None, 1):
             text.append(f"the script asked: backward_passes_per_step={c['backward_passes_per_step']}\n")
+    for phrase in describe_memory_environment(summary.get("memory_environment") or {}):
+        text.append(f"set in the environment: {phrase}\n", style="yellow")
     changes = summary.get("changes_to_job") or []
     if summary.get("script"):
         if changes:

@@ -2,6 +2,7 @@
 without cutting a figure, a rank count or a mode, long tensor names being shortened from the left."""
 
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -249,3 +250,31 @@ def test_doctor_at_80_columns_keeps_check_names_and_statuses_whole():
     findings = column_text(text, 2)
     for c in checks:
         assert c.finding in findings and f"fix: {c.fix}" * bool(c.fix) in findings  # wrapped at spaces
+
+
+def test_memory_settings_of_the_users_environment_are_recorded_and_named_in_both_reports(tmp_path):
+    from memdiag.launch.session import memory_environment
+
+    environ = {"TF_ENABLE_ONEDNN_OPTS": "0", "MALLOC_ARENA_MAX": "2", "HOME": "/root", "OMP_NUM_THREADS": "1"}
+    settings = memory_environment(environ)
+    assert settings == {"TF_ENABLE_ONEDNN_OPTS": "0", "MALLOC_ARENA_MAX": "2"}  # allocator settings only
+    assert memory_environment({"HOME": "/root"}) == {}
+
+    run = load_run(str(make_run(tmp_path / "r", world_size=2, rows=256, width=32)))
+    summary = summarize(run)
+    assert "set in the environment" not in render(summary, run.manifest)  # nothing set: nothing said
+    run.manifest["memory_environment"] = settings
+    text = render(summarize(run), run.manifest)
+    assert "set in the environment: TF_ENABLE_ONEDNN_OPTS=0 (oneDNN" in text
+    assert "MALLOC_ARENA_MAX=2 (glibc's malloc arenas)" in text
+
+    path = make_transformer_run(tmp_path / "c", 2, "sparse")
+    assert compare_analysis.build("transformer", "small", {(2, "sparse"): str(path)})["memory_environment"] == {}
+    with_settings = {**json.loads((path / "summary.json").read_text()), "memory_environment": settings}
+    (path / "summary.json").write_text(json.dumps(with_settings))
+    result = compare_analysis.build("transformer", "small", {(2, "sparse"): str(path)})
+    assert result["memory_environment"] == settings
+    result.update(modes=["sparse"], rank_counts=[2], steps=2)
+    out = io.StringIO()
+    print_compare(result, Console(width=80, file=out, force_terminal=True, color_system=None))
+    assert "Set in the environment of every run: TF_ENABLE_ONEDNN_OPTS=0" in " ".join(out.getvalue().split())
