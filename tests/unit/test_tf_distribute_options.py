@@ -1,0 +1,88 @@
+"""--engine tf-distribute: what it accepts for now, what it carries to the agent, and its ports."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from memdiag._errors import UserError
+from memdiag.agent.config import AgentConfig
+from memdiag.cli import build_parser
+from memdiag.launch import ports
+from memdiag.launch.options import LaunchOptions
+from memdiag.launch.session import RunRequest, agent_config, validate
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("print('hello')\n")
+    return str(path)
+
+
+def test_the_engine_defaults_to_horovod_and_reaches_the_agent(script):
+    args = build_parser().parse_args(["run", script, "-n", "2"])
+    assert args.engine == "horovod"
+    args = build_parser().parse_args(["run", script, "-n", "2", "--engine", "tf-distribute", "--mode", "dense"])
+    request = RunRequest(args.target, args.world_size, args.mode, LaunchOptions.from_args(args, []),
+                         engine=args.engine)
+    config = agent_config(request, "abc", "run-dir")
+    assert config.engine == "tf-distribute" and config.mode == "dense"
+    assert AgentConfig.decode(config.encode()).engine == "tf-distribute"
+
+
+def test_an_unknown_engine_is_refused_by_the_parser(script, capsys):
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["run", script, "-n", "2", "--engine", "nccl"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--engine" in err and "tf-distribute" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("mode", ["as-written", "sparse", "dense"])
+def test_a_script_in_the_supported_modes_passes(script, mode):
+    validate(RunRequest(script, 2, mode, engine="tf-distribute"))
+
+
+@pytest.mark.parametrize("target, mode, options, message", [
+    ("transformer", None, {}, "runs a training script"),
+    ("SCRIPT", "dedup", {}, "not dedup"),
+    ("SCRIPT", "auto", {}, "not auto"),
+    ("SCRIPT", None, {"hosts": "node1:1,node2:1"}, "--hosts is not supported"),
+    ("SCRIPT", None, {"horovod_timeline": True}, "needs --engine horovod"),
+])
+def test_what_the_engine_does_not_support_yet_is_a_one_line_error(script, target, mode, options, message):
+    target = script if target == "SCRIPT" else target
+    with pytest.raises(UserError, match=message) as exc:
+        validate(RunRequest(target, 2, mode, LaunchOptions(**options), engine="tf-distribute"))
+    assert "\n" not in str(exc.value)
+
+
+def test_free_ports_are_distinct_and_free():
+    chosen = ports.free_ports(4)
+    assert len(chosen) == 4 and len(set(chosen)) == 4
+    for port in chosen:
+        assert 0 < port < 65536
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("", port))  # released: a worker's server can bind it
+
+
+def test_a_port_in_use_is_not_chosen():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        for _ in range(20):
+            assert taken not in ports.free_ports(8)
+
+
+def test_ports_travel_as_text_and_bad_text_is_refused():
+    assert ports.free_ports(0) == []
+    assert ports.decode(ports.encode([41001, 41002])) == [41001, 41002]
+    with pytest.raises(ValueError):
+        ports.decode("41001,70000")
+    with pytest.raises(ValueError):
+        ports.decode("41001,x")
+    with pytest.raises(ValueError):
+        ports.free_ports(-1)
