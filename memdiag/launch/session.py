@@ -100,7 +100,10 @@ def changes_to_job(request: RunRequest) -> list[str]:
     """What this run changes in the job it measures, in words (empty: measured as written)."""
     changes = []
     options = request.options
-    if request.is_script and request.mode != AS_WRITTEN:
+    if request.engine == TF_DISTRIBUTE and request.mode == "dense":
+        changes.append("--mode dense: every IndexedSlices gradient densified (tf.convert_to_tensor) before "
+                       "MultiWorkerMirroredStrategy reduces it")
+    elif request.is_script and request.mode != AS_WRITTEN:
         changes.append(f"--mode {request.mode}: IndexedSlices gradients reduced as mode {request.mode} says, "
                        "whatever the script's sparse_as_dense")
     if options.threads_per_rank:

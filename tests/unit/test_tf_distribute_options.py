@@ -86,3 +86,28 @@ def test_ports_travel_as_text_and_bad_text_is_refused():
         ports.decode("41001,x")
     with pytest.raises(ValueError):
         ports.free_ports(-1)
+
+
+def test_a_strategy_collective_record_carries_its_stage_and_padding_and_horovods_does_not(tmp_path):
+    import json
+
+    from memdiag.agent.records import RecordWriter
+    from memdiag.agent.sampler import MemorySampler
+    from memdiag.agent.tracer import Tracer
+
+    writer = RecordWriter(str(tmp_path / "rank-0.jsonl"), 0)
+    tracer = Tracer(writer, MemorySampler(), 0, auto_steps=False)
+    tracer.begin_step(0)
+    base = {"op": "allgather", "name": "table", "dtype": "float32", "itemsize": 4, "sparse": True,
+            "densified": False, "reduce_op": "sum", "gradient": True}
+    tracer.collective({**base, "part": "values", "engine": "tf-distribute", "stage": "values", "padded": True},
+                      [1500, 256], [3000, 256], {"pad_in_bytes": 512_000, "pad_out_bytes": 512_000})
+    tracer.collective({**base, "part": "values", "name": "horovod_table"}, [1000, 256], [2500, 256])
+    tracer.end_step(0)
+    writer.close()
+    records = [r for r in map(json.loads, (tmp_path / "rank-0.jsonl").read_text().splitlines())
+               if r["type"] == "collective"]
+    strategy, horovod = records
+    assert strategy["engine"] == "tf-distribute" and strategy["stage"] == "values" and strategy["padded"]
+    assert strategy["pad_in_bytes"] == 512_000 and strategy["bytes_out"] == 3000 * 256 * 4
+    assert not {"engine", "stage", "padded", "pad_in_bytes", "pad_out_bytes"} & set(horovod)
