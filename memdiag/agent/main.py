@@ -131,10 +131,25 @@ def main(argv: list[str] | None = None) -> int:
     writer.write_now({"type": "end", "status": status, "error": error, "hwm_bytes": run_peak})
     writer.close()
     _deliver(delivery, status)
+    if strategy and exit_code:
+        _abort(exit_code)
     if not config.is_script or strategy:
         # MWMS: gRPC and the coordination service are not torn down (their shutdown can hang or abort).
         _exit_without_teardown(exit_code)
     return exit_code
+
+
+def _abort(code: int) -> None:
+    """A failed MWMS worker, its records written and delivered, ends the whole job: its peers may be
+    waiting for it inside a collective, and MPI_Finalize would wait for them (a deadlock until
+    --timeout). mpirun ends the other ranks on MPI_Abort, or on a non-zero exit before MPI was
+    initialised."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.COMM_WORLD.Abort(code)
+    os._exit(code)
 
 
 def _watch(config: AgentConfig, tracer: Tracer, writer: RecordWriter, sampler: MemorySampler,

@@ -158,3 +158,22 @@ def test_the_script_prints_the_same_under_plain_mpirun(as_written):
     printed = OUTPUT_LINE.findall(plain.stdout)
     assert len(printed) == STEPS + 1
     assert LOSS_LINE.findall(_log(as_written)) == LOSS_LINE.findall(plain.stdout)
+
+
+def test_a_worker_that_fails_ends_the_job_with_its_error_not_a_hang(runs_root, tmp_path):
+    # Worker 0 waits for worker 1 in the initial broadcast of the variable; worker 1 has raised.
+    script = tmp_path / "broken_mwms.py"
+    script.write_text("import tensorflow as tf\n"
+                      "strategy = tf.distribute.MultiWorkerMirroredStrategy()\n"
+                      "if strategy.cluster_resolver.task_id == 1:\n"
+                      "    raise ValueError('bad batch shape')\n"
+                      "with strategy.scope():\n"
+                      "    v = tf.Variable(1.0)\n")
+    out = runs_root / "tfd-broken"
+    result = memdiag("run", str(script), "-n", "2", "--engine", "tf-distribute", "--timeout", "100", "--out", str(out))
+    assert result.returncode == 1
+    manifest = read_json(out / "run.json")
+    assert manifest["status"] == "failed" and not manifest["timed_out"] and manifest["wall_s"] < 60
+    summary = read_json(out / "summary.json")
+    [failed] = [r for r in summary["ranks"] if r["rank"] == 1]
+    assert failed["status"] == "error" and "bad batch shape" in failed["error"]
