@@ -330,9 +330,14 @@ def _pack_label(members: list[StrategyOrigin]) -> StrategyOrigin:
 
 
 def _value_name(prefix: str, index: int | None, value: Any) -> str:
-    """A name for a value that has no variable: stable from step to step (its position and shape)."""
+    """A name for a value that has no variable: stable from step to step and the same on every worker
+    (its position and shape; an IndexedSlices' dense shape, since its rows differ between workers)."""
     if isinstance(value, tf.IndexedSlices):
-        value = value.values
-    shape = tf.TensorShape(getattr(value, "shape", None))
+        dense_shape = tf.get_static_value(value.dense_shape) if value.dense_shape is not None else None
+        shape = tf.TensorShape(None if dense_shape is None else [int(d) for d in dense_shape])
+        if shape.rank is None and value.values.shape.rank is not None:
+            shape = tf.TensorShape([None, *value.values.shape[1:]])
+    else:
+        shape = tf.TensorShape(getattr(value, "shape", None))
     text = "x".join("?" if d is None else str(d) for d in shape.as_list()) if shape.rank is not None else "?"
     return f"{prefix}{'' if index is None else f'_{index}'}[{text}]"
