@@ -100,9 +100,11 @@ def changes_to_job(request: RunRequest) -> list[str]:
     """What this run changes in the job it measures, in words (empty: measured as written)."""
     changes = []
     options = request.options
-    if request.engine == TF_DISTRIBUTE and request.mode == "dense":
-        changes.append("--mode dense: every IndexedSlices gradient densified (tf.convert_to_tensor) before "
-                       "MultiWorkerMirroredStrategy reduces it")
+    if request.engine == TF_DISTRIBUTE:
+        # MWMS has no option to densify: sparse is what it does, dense is memdiag's change.
+        if request.mode == "dense":
+            changes.append("--mode dense: every IndexedSlices gradient densified (tf.convert_to_tensor) before "
+                           "MultiWorkerMirroredStrategy reduces it")
     elif request.is_script and request.mode != AS_WRITTEN:
         changes.append(f"--mode {request.mode}: IndexedSlices gradients reduced as mode {request.mode} says, "
                        "whatever the script's sparse_as_dense")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
@@ -111,3 +112,34 @@ def test_a_strategy_collective_record_carries_its_stage_and_padding_and_horovods
     assert strategy["engine"] == "tf-distribute" and strategy["stage"] == "values" and strategy["padded"]
     assert strategy["pad_in_bytes"] == 512_000 and strategy["bytes_out"] == 3000 * 256 * 4
     assert not {"engine", "stage", "padded", "pad_in_bytes", "pad_out_bytes"} & set(horovod)
+
+
+def test_only_mode_dense_changes_a_strategy_scripts_job(script):
+    from memdiag.launch.session import changes_to_job
+
+    assert changes_to_job(RunRequest(script, 2, "as-written", engine="tf-distribute")) == []
+    assert changes_to_job(RunRequest(script, 2, "sparse", engine="tf-distribute")) == []
+    [change] = changes_to_job(RunRequest(script, 2, "dense", engine="tf-distribute"))
+    assert "densified" in change
+
+
+def test_the_agent_writes_tf_config_from_the_ports_and_keeps_the_users(monkeypatch):
+    import json
+
+    from memdiag.agent.main import _write_tf_config
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.setenv("MEMDIAG_TF_PORTS", "41001,41002")
+    written = _write_tf_config(1, 2)
+    assert written["source"] == "memdiag"
+    assert json.loads(written["value"]) == {"cluster": {"worker": ["localhost:41001", "localhost:41002"]},
+                                            "task": {"type": "worker", "index": 1}}
+    assert json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1
+    # a TF_CONFIG already there is the user's
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": 0}}')
+    kept = _write_tf_config(1, 2)
+    assert kept["source"] == "environment" and os.environ["TF_CONFIG"].startswith('{"cluster": {"worker": ["h:1"]}')
+    # no ports for every rank: a reason, no TF_CONFIG
+    monkeypatch.delenv("TF_CONFIG")
+    monkeypatch.setenv("MEMDIAG_TF_PORTS", "41001")
+    assert "1 port(s) for 2 rank(s)" in _write_tf_config(0, 2)["error"] and "TF_CONFIG" not in os.environ
