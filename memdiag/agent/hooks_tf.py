@@ -45,6 +45,13 @@ import tensorflow as tf
 from memdiag.agent.hooks import CollectiveHooks, Origin, _call_site, _static_shape, _var_name
 
 ENGINE = "tf-distribute"
+# The policy's reasons, said of MWMS (which has no sparse_as_dense: it always gathers an IndexedSlices).
+REASONS = {
+    "as-written": "as written: MultiWorkerMirroredStrategy gathers each IndexedSlices, padded to the longest "
+                  "worker's rows",
+    "sparse": "mode sparse: MultiWorkerMirroredStrategy's gather path, padded to the longest worker's rows",
+    "dense": "mode dense: every IndexedSlices densified before MultiWorkerMirroredStrategy reduces it",
+}
 SPARSE_STAGES = ("lengths", "values", "indices")
 
 
@@ -72,7 +79,10 @@ class StrategyHooks(CollectiveHooks):
 
     def __init__(self, tracer: Any, mode: str, margin: float, world_size: Callable[[], int],
                  on_decision: Callable[[Any], None], initial_parameters: str | None = None) -> None:
-        super().__init__(tracer, mode, margin, world_size, on_decision, initial_parameters=initial_parameters)
+        def decided(decision: Any) -> None:
+            on_decision(replace(decision, reason=REASONS.get(decision.mode, decision.reason)))
+
+        super().__init__(tracer, mode, margin, world_size, decided, initial_parameters=initial_parameters)
         self.on_strategy: Callable[[Any], None] | None = None  # called once, when the strategy is up
         self._lock = threading.RLock()
         self._labels: dict[int, StrategyOrigin] = {}  # id(value) -> label, for one reduction
