@@ -29,6 +29,8 @@ class StartRecord(_Record, total=False):
     mode: str
     versions: dict[str, str | None]
     cpu_count: int
+    engine: str  # tf-distribute only (absent: horovod)
+    tf_config: dict[str, Any]  # tf-distribute: source (memdiag/environment/script) and value
 
 
 class StepRecord(_Record, total=False):
@@ -85,6 +87,15 @@ class CollectiveRecord(_Record, total=False):
     gradient: bool
     reduce_op: str | None
     process_set_size: int | None
+    # --engine tf-distribute only:
+    engine: str
+    stage: str | None  # lengths / values / indices (an IndexedSlices), pack (a dense all-reduce of several)
+    padded: bool  # values/indices gathered padded to the longest worker's rows
+    pad_in_bytes: int  # zero rows this worker put in: (max - own rows) x row bytes
+    pad_out_bytes: int  # zero rows this worker received: (N x max - sum of rows) x row bytes
+    rows: int  # padded gathers: this worker's own rows
+    rows_total: int  # padded gathers: the sum of every worker's rows
+    pack_members: list[str]  # a pack's tensors, in the order they were concatenated
 
 
 class CollectiveCallsRecord(_Record, total=False):

@@ -13,6 +13,12 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+HOROVOD = "horovod"
+TF_DISTRIBUTE = "tf-distribute"  # tf.distribute.MultiWorkerMirroredStrategy, one worker per rank
+ENGINES = (HOROVOD, TF_DISTRIBUTE)
+# What --engine tf-distribute runs for now: scripts on one host, in these modes.
+TF_DISTRIBUTE_MODES = ("as-written", "sparse", "dense")
+
 
 @dataclass(frozen=True)
 class AgentConfig:
@@ -36,6 +42,7 @@ class AgentConfig:
     mem_limit_bytes: int | None
     threads_per_rank: int | None
     max_warmup: int  # built-in workloads: extra steps allowed until the per-step peak settles
+    engine: str  # one of ENGINES: what reduces the gradients (Horovod, or TensorFlow's own strategy)
 
     @property
     def is_script(self) -> bool:

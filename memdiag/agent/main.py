@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from memdiag import rundir
 from memdiag.agent import delivery as _delivery
-from memdiag.agent.config import AgentConfig
+from memdiag.agent.config import TF_DISTRIBUTE, AgentConfig
 from memdiag.agent.records import RecordWriter
 from memdiag.agent.sampler import MemorySampler, read_hwm
 from memdiag.agent.tracer import Tracer
@@ -44,10 +44,20 @@ def _ranks_on_node() -> int:
     return 1
 
 
+def _world_size_from_env() -> int:
+    for key in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "HOROVOD_SIZE"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     config = AgentConfig.decode(argv[0])
     rank = _rank_from_env()
+    strategy = config.engine == TF_DISTRIBUTE
+    # MWMS reads TF_CONFIG when the script builds the strategy: written before anything touches TensorFlow.
+    tf_config = _write_tf_config(rank, _world_size_from_env()) if strategy else None
     spool = _spool_dir(config, rank)
     writer = RecordWriter(os.path.join(spool, rundir.rank_file(rank)), rank)
     sampler = MemorySampler(config.sample_interval_s)
@@ -59,47 +69,47 @@ def main(argv: list[str] | None = None) -> int:
     tracer: Tracer | None = None
     try:
         delivery = _delivery.start(config, rank, spool)
+        if tf_config is not None and tf_config.get("error"):
+            raise EnvironmentProblem(tf_config["error"])
         _limit_threads(config)
-        hvd = _import_horovod()
-
-        tracer = Tracer(writer, sampler, rank, auto_steps=config.is_script)
-        def tick() -> None:
-            tracer.report_long_wait()
-            writer.flush()
-
-        sampler.on_tick = tick
-        if config.mem_limit_bytes:
-            sampler.on_sample = _memory_watchdog(config.mem_limit_bytes, tracer, writer,
-                                                 before_kill=delivery.before_kill if delivery else None)
-        from memdiag.agent.hooks import CollectiveHooks
-
-        hooks = CollectiveHooks(
-            tracer,
-            mode=config.mode,
-            margin=config.margin,
-            world_size=hvd.size,
-            on_decision=lambda d: writer.add({**d.as_record(), "step": tracer.step}),
-            fault=config.fault,
-            check_reduction=config.check_reduction,
-            initial_parameters=os.path.join(spool, rundir.INITIAL_PARAMETERS) if rank == 0 else None,
-        )
-
-        def started() -> None:
-            if hvd.rank() != rank:
-                raise RuntimeError(f"Horovod rank {hvd.rank()} differs from MPI rank {rank}")
-            writer.write_now(_start_record(config, hvd))
-
-        hooks.install()
-        if not config.is_script:
-            hvd.init()
-            started()
+        if strategy:
+            tracer = Tracer(writer, sampler, rank, auto_steps=True)
+            _watch(config, tracer, writer, sampler, delivery)
+            _run_strategy_script(config, tracer, writer, rank, spool, tf_config or {})
         else:
-            # The script initialises Horovod itself, with its own arguments (process sets, ...).
-            hooks.on_init = started
-        _run_workload(config, tracer, hvd, spool, hooks)
-        tracer.finish()
-        if config.is_script:
-            _save_script_parameters(hooks, writer, hvd.rank(), spool)
+            hvd = _import_horovod()
+
+            tracer = Tracer(writer, sampler, rank, auto_steps=config.is_script)
+            _watch(config, tracer, writer, sampler, delivery)
+            from memdiag.agent.hooks import CollectiveHooks
+
+            hooks = CollectiveHooks(
+                tracer,
+                mode=config.mode,
+                margin=config.margin,
+                world_size=hvd.size,
+                on_decision=lambda d: writer.add({**d.as_record(), "step": tracer.step}),
+                fault=config.fault,
+                check_reduction=config.check_reduction,
+                initial_parameters=os.path.join(spool, rundir.INITIAL_PARAMETERS) if rank == 0 else None,
+            )
+
+            def started() -> None:
+                if hvd.rank() != rank:
+                    raise RuntimeError(f"Horovod rank {hvd.rank()} differs from MPI rank {rank}")
+                writer.write_now(_start_record(config, hvd))
+
+            hooks.install()
+            if not config.is_script:
+                hvd.init()
+                started()
+            else:
+                # The script initialises Horovod itself, with its own arguments (process sets, ...).
+                hooks.on_init = started
+            _run_workload(config, tracer, hvd, spool, hooks)
+            tracer.finish()
+            if config.is_script:
+                _save_script_parameters(hooks, writer, hvd.rank(), spool)
     except SystemExit as exc:  # a user's script calling sys.exit()
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if code:
@@ -112,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"memdiag: rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
     if status == "ok":
         _let_horovod_timeline_drain(os.environ.get("HOROVOD_TIMELINE", ""))
+    if strategy and status == "ok":
+        status, error, exit_code = _leave_together(rank, status, error, exit_code)
     if tracker is not None:
         tracker.__exit__(None, None, None)
     sampler.stop()
@@ -119,9 +131,133 @@ def main(argv: list[str] | None = None) -> int:
     writer.write_now({"type": "end", "status": status, "error": error, "hwm_bytes": run_peak})
     writer.close()
     _deliver(delivery, status)
-    if not config.is_script:
+    if strategy and exit_code:
+        _abort(exit_code)
+    if not config.is_script or strategy:
+        # MWMS: gRPC and the coordination service are not torn down (their shutdown can hang or abort).
         _exit_without_teardown(exit_code)
     return exit_code
+
+
+def _abort(code: int) -> None:
+    """A failed MWMS worker, its records written and delivered, ends the whole job: its peers may be
+    waiting for it inside a collective, and MPI_Finalize would wait for them (a deadlock until
+    --timeout). mpirun ends the other ranks on MPI_Abort, or on a non-zero exit before MPI was
+    initialised."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.COMM_WORLD.Abort(code)
+    os._exit(code)
+
+
+def _watch(config: AgentConfig, tracer: Tracer, writer: RecordWriter, sampler: MemorySampler,
+           delivery: _delivery.Delivery | None) -> None:
+    """Long waits reported and records flushed at every sampler tick; the memory limit enforced."""
+
+    def tick() -> None:
+        tracer.report_long_wait()
+        writer.flush()
+
+    sampler.on_tick = tick
+    if config.mem_limit_bytes:
+        sampler.on_sample = _memory_watchdog(config.mem_limit_bytes, tracer, writer,
+                                             before_kill=delivery.before_kill if delivery else None)
+
+
+def _write_tf_config(rank: int, size: int) -> dict[str, Any]:
+    """TF_CONFIG for worker ``rank`` of ``size``, at ``localhost`` on the ports the launcher chose
+    (``MEMDIAG_TF_PORTS``); a TF_CONFIG already in the environment is the user's and is kept.
+    Returns what the start record says of it (``error``: why none could be written)."""
+    import json
+
+    from memdiag.launch import ports
+
+    if os.environ.get("TF_CONFIG"):
+        return {"source": "environment", "value": os.environ["TF_CONFIG"]}
+    try:
+        chosen = ports.decode(os.environ.get(ports.ENV, ""))
+    except ValueError as exc:
+        return {"error": str(exc)}
+    if len(chosen) != size:
+        return {"error": f"{ports.ENV} gives {len(chosen)} port(s) for {size} rank(s): run through `memdiag run`"}
+    value = json.dumps({"cluster": {"worker": [f"localhost:{p}" for p in chosen]},
+                        "task": {"type": "worker", "index": rank}})
+    os.environ["TF_CONFIG"] = value
+    return {"source": "memdiag", "value": value}
+
+
+def _run_strategy_script(config: AgentConfig, tracer: Tracer, writer: RecordWriter, rank: int, spool: str,
+                         tf_config: dict[str, Any]) -> None:
+    """A script using tf.distribute.MultiWorkerMirroredStrategy, run as written (``--mode`` aside):
+    no Horovod is imported; the start record is written when the script's strategy is up."""
+    from memdiag.agent.hooks_tf import StrategyHooks
+
+    hooks = StrategyHooks(
+        tracer,
+        mode=config.mode,
+        margin=config.margin,
+        world_size=_world_size_from_env,
+        on_decision=lambda d: writer.add({**d.as_record(), "step": tracer.step}),
+        initial_parameters=os.path.join(spool, rundir.INITIAL_PARAMETERS) if rank == 0 else None,
+    )
+
+    def started(extended: Any) -> None:
+        task = int(extended._task_id)
+        if task != rank:
+            raise RuntimeError(f"MultiWorkerMirroredStrategy worker {task} runs on MPI rank {rank}")
+        writer.write_now(_strategy_start_record(config, extended, tf_config))
+
+    hooks.on_strategy = started
+    hooks.install()
+    try:
+        _run_workload(config, tracer, None, spool, hooks)
+    finally:
+        hooks.uninstall()
+    tracer.finish()
+    _save_script_parameters(hooks, writer, rank, spool)
+
+
+def _strategy_start_record(config: AgentConfig, extended: Any, tf_config: dict[str, Any]) -> dict[str, Any]:
+    import tensorflow as tf
+
+    versions: dict[str, str | None] = {"python": platform.python_version(), "tensorflow": tf.__version__}
+    for package in ("keras", "mpi4py"):
+        try:
+            versions[package] = __import__(package).__version__
+        except Exception:  # noqa: BLE001 - versions are informative only
+            versions[package] = None
+    versions["mpi"] = _mpi_version()
+    current = os.environ.get("TF_CONFIG")
+    source = tf_config.get("source")
+    if source == "memdiag" and current != tf_config.get("value"):
+        source = "script"  # the script wrote its own before building the strategy
+    return {
+        "type": "start",
+        "engine": config.engine,
+        "size": int(extended._num_workers),
+        "local_size": _ranks_on_node(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "mode": config.mode,
+        "versions": versions,
+        "cpu_count": os.cpu_count(),
+        "tf_config": {"source": source, "value": current},
+    }
+
+
+def _leave_together(rank: int, status: str, error: str | None, exit_code: int) -> tuple[str, str | None, int]:
+    """Every worker waits for the others before leaving: worker 0 leads MWMS's coordination service,
+    and a peer whose leader has gone fails on its heartbeats."""
+    try:
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Barrier()
+    except Exception as exc:  # noqa: BLE001 - the end record must still be written
+        print(f"memdiag: rank {rank}: final barrier: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return "error", f"final barrier: {type(exc).__name__}: {exc}", 1
+    return status, error, exit_code
 
 
 def _exit_without_teardown(code: int) -> None:
@@ -215,16 +351,20 @@ def _save_script_parameters(hooks: Any, writer: RecordWriter, rank: int, spool: 
         hooks.save_variables(os.path.join(spool, rundir.PARAMETERS))
 
 
+def _mpi_version() -> str | None:
+    try:
+        from mpi4py import MPI
+
+        return MPI.Get_library_version().strip().splitlines()[0]
+    except Exception:  # noqa: BLE001 - versions are informative only
+        return None
+
+
 def _start_record(config: AgentConfig, hvd: Any) -> dict[str, Any]:
     import horovod
     import tensorflow as tf
 
-    try:
-        from mpi4py import MPI
-
-        mpi_version = MPI.Get_library_version().strip().splitlines()[0]
-    except Exception:  # noqa: BLE001 - versions are informative only
-        mpi_version = None
+    mpi_version = _mpi_version()
     return {
         "type": "start",
         "size": hvd.size(),

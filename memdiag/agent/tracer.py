@@ -26,6 +26,8 @@ from memdiag.agent.records import CollectiveRecords, RecordWriter, SeriesPolicy,
 from memdiag.agent.sampler import HighWaterMark, MemorySampler
 
 SETUP_STEP = -1
+# Collective record fields that only some engines' hooks give (memdiag.agent.hooks_tf).
+OPTIONAL_FIELDS = ("engine", "stage", "padded", "pack_members")
 
 
 class Tracer:
@@ -115,8 +117,10 @@ class Tracer:
             self.end_step(tail=True)
 
     # -- collectives -------------------------------------------------------------------------
-    def collective(self, meta: dict[str, Any], shape_in: list[int], shape_out: list[int]) -> None:
-        """Record one collective that has completed, with its runtime shapes."""
+    def collective(self, meta: dict[str, Any], shape_in: list[int], shape_out: list[int],
+                   extra: dict[str, Any] | None = None) -> None:
+        """Record one collective that has completed, with its runtime shapes; ``extra``: fields known
+        at run time only (the padding of a tf-distribute gather)."""
         with self._lock:
             itemsize = meta["itemsize"]
             record = {
@@ -139,6 +143,10 @@ class Tracer:
                 "reduce_op": meta.get("reduce_op"),
                 "process_set_size": meta.get("process_set_size"),
             }
+            # Fields of the tf-distribute engine, absent from Horovod's records.
+            record.update({k: meta[k] for k in OPTIONAL_FIELDS if k in meta})
+            if extra:
+                record.update(extra)
             self._collective_records.add(record)
             if meta.get("gradient"):
                 self._window[1] = record["t"]

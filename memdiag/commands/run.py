@@ -6,6 +6,7 @@ import argparse
 
 from rich.console import Console
 
+from memdiag.agent.config import ENGINES, HOROVOD, TF_DISTRIBUTE
 from memdiag.commands._args import add_launch_options, mode_choice, positive_int
 
 
@@ -20,6 +21,9 @@ class RunCommand:
                             help="as-written (a script's default: change nothing) | sparse (allgather every "
                                  "IndexedSlices, a workload's default) | dense (densify every one) | dedup (sum "
                                  "duplicate rows, then allgather) | auto (the cheapest of the three, per tensor)")
+        parser.add_argument("--engine", choices=ENGINES, default=HOROVOD,
+                            help=f"what reduces the gradients: {HOROVOD} (default) or {TF_DISTRIBUTE} (TensorFlow's "
+                                 "MultiWorkerMirroredStrategy; scripts only, modes as-written, sparse, dense)")
         parser.add_argument("--out", help="run directory to create (default runs/NAME-MODE-nN-TIME)")
         add_launch_options(parser, default_steps=5)
 
@@ -33,9 +37,10 @@ class RunCommand:
         from memdiag.report.terminal import print_run
 
         request = RunRequest(args.target, args.world_size, args.mode, LaunchOptions.from_args(args, script_args),
-                             out=args.out, force=args.force)
+                             out=args.out, force=args.force, engine=args.engine)
         console = Console(stderr=True)
-        with console.status(f"running {request.label} on {request.world_size} rank(s), mode {request.mode}"):
+        engine = "" if request.engine == HOROVOD else f", engine {request.engine}"
+        with console.status(f"running {request.label} on {request.world_size} rank(s), mode {request.mode}{engine}"):
             out = execute(request)
         run = load_run(out)
         summary = rundir.read_json(os.path.join(out, rundir.SUMMARY))

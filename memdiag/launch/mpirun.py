@@ -23,7 +23,8 @@ from memdiag.hosts import parse_hosts, placement, ranks_per_host
 __all__ = ["Launch", "LaunchResult", "command", "find_mpirun", "parse_hosts", "placement", "ranks_per_host", "run"]
 
 # Variables the ranks need on other hosts too (mpirun passes them with -x).
-_FORWARD = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS")
+_FORWARD = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS",
+            "TF_USE_LEGACY_KERAS", "KERAS_BACKEND")
 _FORWARD_PREFIXES = ("HOROVOD_", "MEMDIAG_")
 
 

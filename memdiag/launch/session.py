@@ -12,9 +12,9 @@ from typing import Any, Callable, Mapping
 
 from memdiag import __version__, rundir
 from memdiag._errors import UserError
-from memdiag.agent.config import AgentConfig
+from memdiag.agent.config import ENGINES, HOROVOD, TF_DISTRIBUTE, TF_DISTRIBUTE_MODES, AgentConfig
 from memdiag.collect import load_run
-from memdiag.launch import mpirun
+from memdiag.launch import mpirun, ports
 from memdiag.launch.options import LaunchOptions
 from memdiag.policy import AS_WRITTEN, MODES
 from memdiag.workloads import check as check_workload
@@ -32,6 +32,7 @@ class RunRequest:
     check_params: bool = True  # digest the parameters after every step
     fault: str | None = None  # injected on purpose by tests of the verification
     check_reduction: bool = False  # reduce each IndexedSlices both ways and compare (verification runs)
+    engine: str = HOROVOD  # what reduces the gradients: Horovod, or tf.distribute's MultiWorkerMirroredStrategy
 
     def __post_init__(self) -> None:
         if self.mode is None:
@@ -60,7 +61,11 @@ def validate(request: RunRequest) -> None:
         raise UserError(f"-n {request.world_size}: the number of ranks must be at least 1")
     if request.mode not in MODES:
         raise UserError(f"--mode {request.mode!r}: choose one of {', '.join(MODES)}")
+    if request.engine not in ENGINES:
+        raise UserError(f"--engine {request.engine!r}: choose one of {', '.join(ENGINES)}")
     options = request.options
+    if request.engine == TF_DISTRIBUTE:
+        _validate_tf_distribute(request)
     options.validate()
     if request.is_script:
         if not os.path.isfile(request.target):
@@ -71,6 +76,20 @@ def validate(request: RunRequest) -> None:
 
         with_overrides(PRESETS[request.target][options.preset], dict(options.overrides))
     mpirun.find_mpirun()
+
+
+def _validate_tf_distribute(request: RunRequest) -> None:
+    """What --engine tf-distribute supports for now: a script, on one host, as written, sparse or dense."""
+    if not request.is_script:
+        raise UserError(f"--engine {TF_DISTRIBUTE} runs a training script (a .py path) for now, not the built-in "
+                        f"workload {request.target!r}; use --engine {HOROVOD} for it")
+    if request.options.hosts:
+        raise UserError(f"--engine {TF_DISTRIBUTE} runs on one host for now: --hosts is not supported with it")
+    if request.mode not in TF_DISTRIBUTE_MODES:
+        raise UserError(f"--engine {TF_DISTRIBUTE} supports --mode {', '.join(TF_DISTRIBUTE_MODES)} for now, "
+                        f"not {request.mode}")
+    if request.options.horovod_timeline:
+        raise UserError(f"--horovod-timeline records Horovod's own timeline: it needs --engine {HOROVOD}")
 
 
 def default_out(request: RunRequest) -> str:
@@ -94,7 +113,12 @@ def changes_to_job(request: RunRequest) -> list[str]:
     """What this run changes in the job it measures, in words (empty: measured as written)."""
     changes = []
     options = request.options
-    if request.is_script and request.mode != AS_WRITTEN:
+    if request.engine == TF_DISTRIBUTE:
+        # MWMS has no option to densify: sparse is what it does, dense is memdiag's change.
+        if request.mode == "dense":
+            changes.append("--mode dense: every IndexedSlices gradient densified (tf.convert_to_tensor) before "
+                           "MultiWorkerMirroredStrategy reduces it")
+    elif request.is_script and request.mode != AS_WRITTEN:
         changes.append(f"--mode {request.mode}: IndexedSlices gradients reduced as mode {request.mode} says, "
                        "whatever the script's sparse_as_dense")
     if options.threads_per_rank:
@@ -134,6 +158,7 @@ def agent_config(request: RunRequest, run_id: str, run_dir: str) -> AgentConfig:
         mem_limit_bytes=options.mem_limit_bytes,
         threads_per_rank=options.threads_per_rank,
         max_warmup=options.max_warmup,
+        engine=request.engine,
     )
 
 
@@ -181,6 +206,7 @@ def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None) 
         "script": config.script,
         "preset": None if request.is_script else options.preset,
         "mode": request.mode,
+        "engine": request.engine,
         "world_size": request.world_size,
         "steps": options.steps,
         "hosts": options.hosts,
@@ -206,6 +232,12 @@ def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None) 
         extra_env["TF_ENABLE_ONEDNN_OPTS"] = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "0")
     if options.horovod_timeline:
         extra_env["HOROVOD_TIMELINE"] = os.path.join(os.path.abspath(out), rundir.HOROVOD_TIMELINE)
+    if request.engine == TF_DISTRIBUTE:
+        # One gRPC port per worker, all on this host; the agents write TF_CONFIG from them.
+        chosen = ports.free_ports(request.world_size)
+        extra_env[ports.ENV] = ports.encode(chosen)
+        manifest["tf_ports"] = chosen
+        rundir.write_json(manifest_path, manifest)
     launch = mpirun.Launch(request.world_size, [config.encode()], hosts=options.hosts,
                            timeout_s=options.timeout_s, extra_env=extra_env)
     watcher = StepWatcher(os.path.join(out, rundir.rank_file(0)))

@@ -47,10 +47,13 @@ def run_header(summary: dict[str, Any], manifest: dict[str, Any]) -> Panel:
     lines.append(f"  status {status}", style="green" if status == "ok" else "bold red")
     if manifest.get("wall_s") is not None:
         lines.append(f"  wall {manifest['wall_s']:.1f} s")
-    if versions:
+    mpi = (versions.get("mpi") or "").split(",")[0].replace("\x00", "")
+    if versions and manifest.get("engine", "horovod") != "horovod":
+        lines.append(f"\nengine {manifest['engine']}  TensorFlow {versions.get('tensorflow')}  "
+                     f"Keras {versions.get('keras')}  {mpi}")
+    elif versions:
         lines.append("\nTensorFlow {tensorflow}  Horovod {horovod}  {mpi}".format(
-            tensorflow=versions.get("tensorflow"), horovod=versions.get("horovod"),
-            mpi=(versions.get("mpi") or "").split(",")[0].replace("\x00", "")))
+            tensorflow=versions.get("tensorflow"), horovod=versions.get("horovod"), mpi=mpi))
     if summary.get("oversubscribed"):
         lines.append("\nranks share cores on this host: step times are not a scaling measurement",
                      style="yellow")

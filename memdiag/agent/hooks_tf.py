@@ -1,0 +1,353 @@
+"""Hooks on tf.distribute.MultiWorkerMirroredStrategy's collectives (``--engine tf-distribute``).
+
+MWMS reduces gradients in ``CollectiveAllReduce._all_reduce`` (``distribute/cross_device_ops.py``):
+dense tensors are packed (one pack of all of them in a ``tf.function``, one tensor at a time eagerly)
+and all-reduced by ``CollectiveReplicaLauncher.batch_all_reduce``; each IndexedSlices goes to
+``CollectiveReplicaLauncher.all_reduce_indexed_slices``, which gathers every worker's row count, then
+its values and its indices, padded with zero rows (``_pad_util``) to the longest worker's rows when
+the counts differ (docs/tf-distribute.md). Every collective ends in ``collective_ops.all_reduce_v2``
+or ``all_gather_v2``, looked up as module attributes at call time. These are replaced here:
+
+* ``CollectiveAllReduceExtended._initialize_multi_worker``: the strategy is up: the start record.
+* ``CollectiveAllReduce.batch_reduce_implementation``: a batch reduction (gradients: Keras reduces
+  them with ``batch_reduce_to``); names from the destinations when they are variables.
+* ``CollectiveAllReduce._all_reduce``: labels each value; applies ``--mode dense`` (an IndexedSlices
+  becomes ``tf.convert_to_tensor`` of it before the strategy sees it).
+* ``CollectiveReplicaLauncher.batch_all_reduce``: which values each dense all-reduce carries (a pack).
+* ``CollectiveReplicaLauncher.all_reduce_indexed_slices``: the sparse context of the next gathers:
+  the lengths, then values and indices (the two branches of its ``cond`` are both traced, each
+  gathering values then indices).
+* ``cross_device_utils._pad_util``: the next gather is padded; the worker's own rows are kept for the
+  padding figures.
+* ``collective_ops.all_gather_v2`` / ``all_reduce_v2``: the records, with run-time shapes, as the
+  Horovod hooks make them (:class:`memdiag.agent.hooks.CollectiveHooks`): in a graph a
+  ``tf.py_function`` before the collective (begin) and one after it (the record), the output passed on
+  through ``tf.identity`` under a control dependency on the record, so that a record inside a ``cond``
+  branch runs exactly when that branch does.
+
+Padding of a padded gather: in-bytes (max - own rows) x row_bytes, out-bytes (N x max - sum of rows)
+x row_bytes, row_bytes being a row of what is gathered (values: width x itemsize; indices: itemsize).
+
+The collectives are serialised by the strategy (a lock around each reduction, an ordering token), so
+the context below is shared by the threads that run them (eagerly, a reduction runs in a pool thread).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import tensorflow as tf
+
+from memdiag.agent.hooks import CollectiveHooks, Origin, _call_site, _static_shape, _var_name
+
+ENGINE = "tf-distribute"
+# The policy's reasons, said of MWMS (which has no sparse_as_dense: it always gathers an IndexedSlices).
+REASONS = {
+    "as-written": "as written: MultiWorkerMirroredStrategy gathers each IndexedSlices, padded to the longest "
+                  "worker's rows",
+    "sparse": "mode sparse: MultiWorkerMirroredStrategy's gather path, padded to the longest worker's rows",
+    "dense": "mode dense: every IndexedSlices densified before MultiWorkerMirroredStrategy reduces it",
+}
+SPARSE_STAGES = ("lengths", "values", "indices")
+
+
+@dataclass
+class StrategyOrigin(Origin):
+    """What a collective of the strategy carries: :class:`Origin` with the sparse stage and padding."""
+
+    stage: str | None = None  # lengths | values | indices (an IndexedSlices) | pack (dense all-reduce) | None
+    padded: bool = False
+    members: list[str] = field(default_factory=list)  # a pack's tensors
+
+
+@dataclass
+class _Sparse:
+    """One ``all_reduce_indexed_slices`` call being built (traced, or run eagerly)."""
+
+    origin: StrategyOrigin
+    gathers: int = 0
+    lengths: Any = None  # the gathered row counts of every worker
+    own_rows: Any = None  # set by _pad_util: this worker's rows before padding
+
+
+class StrategyHooks(CollectiveHooks):
+    """Records of MWMS's collectives, with the policy of ``--mode`` (as-written, sparse, dense)."""
+
+    def __init__(self, tracer: Any, mode: str, margin: float, world_size: Callable[[], int],
+                 on_decision: Callable[[Any], None], initial_parameters: str | None = None) -> None:
+        def decided(decision: Any) -> None:
+            on_decision(replace(decision, reason=REASONS.get(decision.mode, decision.reason)))
+
+        super().__init__(tracer, mode, margin, world_size, decided, initial_parameters=initial_parameters)
+        self.on_strategy: Callable[[Any], None] | None = None  # called once, when the strategy is up
+        self._lock = threading.RLock()
+        self._labels: dict[int, StrategyOrigin] = {}  # id(value) -> label, for one reduction
+        self._batch: list[tuple[str | None, Any]] | None = None  # (name, variable) per value of a batch reduction
+        self._dense: deque[StrategyOrigin] = deque()  # labels of the dense all-reduces to come
+        self._sparse: list[_Sparse] = []
+
+    # -- installation -------------------------------------------------------------------------
+    def install(self) -> None:
+        from tensorflow.python.distribute import collective_all_reduce_strategy as cars
+        from tensorflow.python.distribute import cross_device_ops as cdo
+        from tensorflow.python.distribute import cross_device_utils as cdu
+        from tensorflow.python.ops import collective_ops as cops
+
+        launcher = cdu.CollectiveReplicaLauncher
+        table: list[tuple[Any, str, Callable[[Callable], Callable]]] = [
+            (cars.CollectiveAllReduceExtended, "_initialize_multi_worker", self._wrap_initialize),
+            (cdo.CollectiveAllReduce, "batch_reduce_implementation", self._wrap_batch_reduce),
+            (cdo.CollectiveAllReduce, "_all_reduce", self._wrap_all_reduce),
+            (launcher, "batch_all_reduce", self._wrap_batch_all_reduce),
+            (launcher, "all_reduce_indexed_slices", self._wrap_all_reduce_indexed_slices),
+            (cdu, "_pad_util", self._wrap_pad_util),
+            (cops, "all_gather_v2", self._wrap_collective("allgather")),
+            (cops, "all_reduce_v2", self._wrap_collective("allreduce")),
+        ]
+        for owner, attr, wrap in table:
+            original = getattr(owner, attr)
+            if getattr(original, "__memdiag__", False):
+                continue
+            wrapped: Any = wrap(original)
+            wrapped.__memdiag__ = True
+            wrapped.__wrapped__ = original
+            self._originals.append((owner, attr, original))
+            setattr(owner, attr, wrapped)
+
+    # -- the strategy -------------------------------------------------------------------------------
+    def _wrap_initialize(self, original: Callable) -> Callable:
+        def initialize(extended, *args, **kwargs):
+            result = original(extended, *args, **kwargs)
+            callback, self.on_strategy = self.on_strategy, None
+            if callback is not None:
+                callback(extended)
+            return result
+
+        return initialize
+
+    def _wrap_batch_reduce(self, original: Callable) -> Callable:
+        def batch_reduce_implementation(cross_device_ops, reduce_op, value_destination_pairs, options):
+            pairs = list(value_destination_pairs)
+            batch = []
+            for _, destination in pairs:
+                variable = destination if isinstance(destination, tf.Variable) else None
+                batch.append((_var_name(variable) if variable is not None else None, variable))
+            with self._lock:
+                previous, self._batch = self._batch, batch
+            try:
+                return original(cross_device_ops, reduce_op, pairs, options)
+            finally:
+                with self._lock:
+                    self._batch = previous
+
+        return batch_reduce_implementation
+
+    def _wrap_all_reduce(self, original: Callable) -> Callable:
+        def all_reduce(cross_device_ops, reduce_op, value, replica_id, options):
+            flat = tf.nest.flatten(value, expand_composites=False)
+            with self._lock:
+                batch = self._batch if self._batch is not None and len(self._batch) == len(flat) else None
+            gradient = batch is not None
+            reduce_name = "average" if str(getattr(reduce_op, "value", reduce_op)).lower() == "mean" else "sum"
+            labelled = []
+            for i, item in enumerate(flat):
+                name, variable = batch[i] if batch is not None else (None, None)
+                sparse = isinstance(item, tf.IndexedSlices)
+                if name is None:
+                    name = _value_name("gradient" if gradient else "reduce", i, item)
+                if variable is not None:
+                    self._capture(name, variable)
+                densified = False
+                if sparse:
+                    decision = self.policy.decide(name, item, variable)
+                    if decision.densify:
+                        item = self.policy.densify(item)
+                        densified = True
+                label = StrategyOrigin(name, sparse=sparse, densified=densified, gradient=gradient,
+                                       reduce_op=reduce_name)
+                with self._lock:
+                    self._labels[id(item)] = label
+                labelled.append(item)
+            if gradient:
+                self._parameters_before_first_update()
+            try:
+                return original(cross_device_ops, reduce_op, tf.nest.pack_sequence_as(value, labelled), replica_id,
+                                options)
+            finally:
+                with self._lock:
+                    for item in labelled:
+                        self._labels.pop(id(item), None)
+
+        return all_reduce
+
+    def _parameters_before_first_update(self) -> None:
+        if self._initial_recorded or not self.variables:
+            return
+        # Before the first update: equal between two runs only if the script seeds itself.
+        self._initial_recorded = True
+        self.tracer.writer.add({"type": "params_initial", "step": self.tracer.step,
+                                "digest": self.variables_digest(), "variables": len(self.variables)})
+        if self.initial_parameters:
+            self.save_variables(self.initial_parameters)
+
+    def _label(self, value: Any, kind: str) -> StrategyOrigin:
+        with self._lock:
+            label = self._labels.get(id(value))
+        if label is not None:
+            return label
+        shape = value.values if isinstance(value, tf.IndexedSlices) else value
+        return StrategyOrigin(_value_name(f"{kind}@{_call_site()}", None, shape),
+                              sparse=isinstance(value, tf.IndexedSlices))
+
+    # -- the launcher ---------------------------------------------------------------------------
+    def _wrap_batch_all_reduce(self, original: Callable) -> Callable:
+        def batch_all_reduce(launcher, input_tensor_packs, options=None):
+            labels = []
+            for pack in input_tensor_packs:
+                members = [self._label(t, "allreduce") for t in pack]
+                if tf.executing_eagerly() or len(members) == 1:
+                    labels.extend(members)  # eagerly, one all-reduce per tensor
+                else:
+                    labels.append(_pack_label(members))
+            with self._lock:
+                before = len(self._dense)
+                self._dense.extend(labels)
+            try:
+                return original(launcher, input_tensor_packs, options)
+            finally:
+                with self._lock:
+                    while len(self._dense) > before:  # labels an error left unissued
+                        self._dense.pop()
+
+        return batch_all_reduce
+
+    def _wrap_all_reduce_indexed_slices(self, original: Callable) -> Callable:
+        def all_reduce_indexed_slices(launcher, input_slices, options=None):
+            origin = replace(self._label(input_slices, "allgather"), sparse=True)
+            with self._lock:
+                self._sparse.append(_Sparse(origin))
+            try:
+                return original(launcher, input_slices, options)
+            finally:
+                with self._lock:
+                    self._sparse.pop()
+
+        return all_reduce_indexed_slices
+
+    def _wrap_pad_util(self, original: Callable) -> Callable:
+        def pad_util(input_tensor, full_axis_dim):
+            with self._lock:
+                context = self._sparse[-1] if self._sparse else None
+            if context is not None:
+                context.own_rows = tf.shape(input_tensor, out_type=tf.int64)[0]
+            return original(input_tensor, full_axis_dim)
+
+        return pad_util
+
+    # -- the collectives --------------------------------------------------------------------------
+    def _wrap_collective(self, op: str) -> Callable[[Callable], Callable]:
+        def wrap(original: Callable) -> Callable:
+            def collective(tensor, *args, **kwargs):
+                origin, context, own_rows = self._collective_origin(op, tensor)
+                with tf.control_dependencies(self._begin(op, [(origin, tensor)])):
+                    output = original(tensor, *args, **kwargs)
+                if context is not None and origin.stage == "lengths":
+                    output = self._emit(op, origin, tensor, output)
+                    context.lengths = output
+                    return output
+                if context is not None and origin.stage in ("values", "indices"):
+                    extra = [own_rows, tf.reduce_sum(tf.cast(context.lengths, tf.int64))] if origin.padded else []
+                    return self._emit(op, origin, tensor, output, extra)
+                return self._emit(op, origin, tensor, output)
+
+            return collective
+
+        return wrap
+
+    def _collective_origin(self, op: str, tensor: Any) -> tuple[StrategyOrigin, _Sparse | None, Any]:
+        with self._lock:
+            if op == "allreduce":
+                label = self._dense.popleft() if self._dense else None
+                return (label if label is not None else self._label(tensor, op)), None, None
+            context = self._sparse[-1] if self._sparse else None
+            if context is None:
+                return self._label(tensor, op), None, None
+            i = context.gathers
+            context.gathers += 1
+            own_rows, context.own_rows = context.own_rows, None
+        stage = "lengths" if i == 0 else ("values" if i % 2 == 1 else "indices")
+        padded = stage != "lengths" and own_rows is not None
+        return replace(context.origin, stage=stage, padded=padded), context, own_rows
+
+    def _meta(self, op: str, origin: Origin, tensor: Any, grouped: bool) -> dict[str, Any]:
+        meta = super()._meta(op, origin, tensor, grouped)
+        stage = getattr(origin, "stage", None)
+        meta["part"] = stage if stage in SPARSE_STAGES and not origin.densified else None
+        meta["engine"] = ENGINE
+        meta["stage"] = stage
+        if stage in ("values", "indices"):
+            meta["padded"] = bool(getattr(origin, "padded", False))
+        members = getattr(origin, "members", None)
+        if members:
+            meta["pack_members"] = list(members)
+        return meta
+
+    def _emit(self, op: str, origin: StrategyOrigin, tensor: Any, output: Any, extra: list[Any] | None = None) -> Any:
+        """Record the completed collective; in a graph, return its output under a control dependency on
+        the record (so that the record runs whenever the output is used, in a ``cond`` branch too)."""
+        meta = self._meta(op, origin, tensor, grouped=False)
+        record = self.tracer.collective
+        sparse_part = origin.stage in ("values", "indices")
+
+        def fields(shape_in: list[int], shape_out: list[int], extras: list[int]) -> dict[str, Any] | None:
+            if not sparse_part:
+                return None
+            if not extras:
+                return {"pad_in_bytes": 0, "pad_out_bytes": 0}
+            own_rows, total_rows = extras
+            row_bytes = math.prod(shape_in[1:]) * meta["itemsize"]
+            return {"rows": own_rows, "rows_total": total_rows,
+                    "pad_in_bytes": (shape_in[0] - own_rows) * row_bytes,
+                    "pad_out_bytes": (shape_out[0] - total_rows) * row_bytes}
+
+        if tf.executing_eagerly():
+            shape_in, shape_out = _static_shape(tensor), _static_shape(output)
+            extras = [int(e) for e in (extra or [])]
+            record(meta, shape_in, shape_out, fields(shape_in, shape_out, extras))
+            return output
+
+        def emit(shape_in, shape_out, *extras):
+            s_in, s_out = shape_in.numpy().tolist(), shape_out.numpy().tolist()
+            record(meta, s_in, s_out, fields(s_in, s_out, [int(e.numpy()) for e in extras]))
+            return 0
+
+        with tf.control_dependencies([output]):
+            inputs = [tf.shape(tensor, out_type=tf.int64), tf.shape(output, out_type=tf.int64), *(extra or [])]
+            done = tf.py_function(emit, inputs, Tout=tf.int32, name="memdiag_record")
+        with tf.control_dependencies([done]):
+            return tf.identity(output)
+
+
+def _pack_label(members: list[StrategyOrigin]) -> StrategyOrigin:
+    """One all-reduce of several tensors concatenated (MWMS's pack, in a graph)."""
+    return StrategyOrigin("+".join(m.name for m in members), sparse=any(m.sparse for m in members),
+                          densified=any(m.densified for m in members), gradient=any(m.gradient for m in members),
+                          reduce_op=members[0].reduce_op, stage="pack", members=[m.name for m in members])
+
+
+def _value_name(prefix: str, index: int | None, value: Any) -> str:
+    """A name for a value that has no variable: stable from step to step and the same on every worker
+    (its position and shape; an IndexedSlices' dense shape, since its rows differ between workers)."""
+    if isinstance(value, tf.IndexedSlices):
+        dense_shape = tf.get_static_value(value.dense_shape) if value.dense_shape is not None else None
+        shape = tf.TensorShape(None if dense_shape is None else [int(d) for d in dense_shape])
+        if shape.rank is None and value.values.shape.rank is not None:
+            shape = tf.TensorShape([None, *value.values.shape[1:]])
+    else:
+        shape = tf.TensorShape(getattr(value, "shape", None))
+    text = "x".join("?" if d is None else str(d) for d in shape.as_list()) if shape.rank is not None else "?"
+    return f"{prefix}{'' if index is None else f'_{index}'}[{text}]"
