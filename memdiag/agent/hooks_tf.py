@@ -96,6 +96,7 @@ class StrategyHooks(CollectiveHooks):
         self._batch: list[tuple[str | None, Any]] | None = None  # (name, variable) per value of a batch reduction
         self._dense: deque[StrategyOrigin] = deque()  # labels of the dense all-reduces to come
         self._sparse: list[_Sparse] = []
+        self._front: dict[int, tuple[Any, str, Any]] = {}  # id(gradient) -> (gradient, name, variable): Keras 3
 
     # -- installation -------------------------------------------------------------------------
     def install(self) -> None:
@@ -129,12 +130,50 @@ class StrategyHooks(CollectiveHooks):
     def _wrap_initialize(self, original: Callable) -> Callable:
         def initialize(extended, *args, **kwargs):
             result = original(extended, *args, **kwargs)
+            # Keras 3's optimizer is hooked once the strategy is up: importing Keras earlier could touch
+            # TensorFlow before the script configures its collectives.
+            self._install_keras3()
             callback, self.on_strategy = self.on_strategy, None
             if callback is not None:
                 callback(extended)
             return result
 
         return initialize
+
+    def _install_keras3(self) -> None:
+        """Keras 3 (TF >= 2.16) reduces gradient tensors, not (gradient, variable) pairs: its
+        ``TFOptimizer._all_reduce_sum_gradients`` is where the variables are known. Without Keras 3's
+        TensorFlow backend (Keras 2), nothing to hook."""
+        try:
+            from keras.src.backend.tensorflow.optimizer import TFOptimizer
+        except Exception:  # noqa: BLE001 - no Keras 3, or another backend
+            return
+        original = getattr(TFOptimizer, "_all_reduce_sum_gradients", None)
+        if original is None or getattr(original, "__memdiag__", False):
+            return
+        wrapped: Any = self._wrap_keras3_all_reduce(original)
+        wrapped.__memdiag__ = True
+        wrapped.__wrapped__ = original
+        self._originals.append((TFOptimizer, "_all_reduce_sum_gradients", original))
+        TFOptimizer._all_reduce_sum_gradients = wrapped
+
+    def _wrap_keras3_all_reduce(self, original: Callable) -> Callable:
+        def all_reduce_sum_gradients(optimizer, grads_and_vars):
+            pairs = list(grads_and_vars)
+            known = [(g, v) for g, v in pairs if g is not None and v is not None]
+            # The gradients cross to the strategy's reduction as the same objects (perhaps in another
+            # thread): a process-wide map by id, holding the gradient so that its id is not reused.
+            with self._lock:
+                for g, v in known:
+                    self._front[id(g)] = (g, _var_name(v), v)
+            try:
+                return original(optimizer, pairs)
+            finally:
+                with self._lock:
+                    for g, _ in known:
+                        self._front.pop(id(g), None)
+
+        return all_reduce_sum_gradients
 
     def _wrap_batch_reduce(self, original: Callable) -> Callable:
         def batch_reduce_implementation(cross_device_ops, reduce_op, value_destination_pairs, options):
@@ -164,6 +203,11 @@ class StrategyHooks(CollectiveHooks):
             later: list[tuple[int, str, Any]] = []  # (position, name, variable) decided when the step runs
             for i, item in enumerate(flat):
                 name, variable = batch[i] if batch is not None else (None, None)
+                if name is None:
+                    with self._lock:
+                        front = self._front.get(id(item))
+                    if front is not None and front[0] is item:
+                        _, name, variable = front
                 sparse = isinstance(item, tf.IndexedSlices)
                 if name is None:
                     name = _value_name("gradient" if gradient else "reduce", i, item)

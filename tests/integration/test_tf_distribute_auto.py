@@ -147,3 +147,30 @@ def test_auto_decides_when_the_step_runs_if_the_rows_are_unknown_when_traced(run
     sparse, auto = _params(as_written_n4[0]), _params(out)
     for key in sparse.files:
         assert np.max(np.abs(sparse[key] - auto[key])) <= 1e-8, key
+
+
+KERAS3_PYTHON = ROOT / ".venv-tf-latest" / "bin" / "python"
+
+
+@pytest.mark.skipif(not KERAS3_PYTHON.exists(), reason="no .venv-tf-latest (make setup-tf-latest)")
+def test_under_keras_3_the_tensors_carry_their_variables_names_and_parameters_are_saved(runs_root):
+    import os
+    import subprocess
+
+    out = runs_root / "tfd-keras3-auto-n2"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "160"}
+    result = subprocess.run([str(KERAS3_PYTHON), "-m", "memdiag", "run", str(SCRIPT), "-n", "2", "--engine",
+                             "tf-distribute", "--mode", "auto", "--out", str(out), "--timeout", "240", "--",
+                             "--steps", str(STEPS)], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stdout + result.stderr
+    [start] = [r for r in read_records(out / "rank-0.jsonl") if r["type"] == "start"]
+    assert start["versions"]["keras"].startswith("3.")
+    for rank, policy in enumerate(_policies(out, 2)):
+        assert policy["name"].endswith("embeddings:0") and policy["decision"] == "sparse"
+        assert policy["rows_per_worker"] == ROWS[2] and policy["gathered_bytes"] == 3_084_000
+    names = {r["name"] for r in _steps(out, 0)}
+    assert not [n for n in names if n.startswith("gradient_")], names  # no positional names
+    saved = np.load(out / "params.npz")
+    assert len(saved.files) == 3 and any(k.endswith("embeddings:0") for k in saved.files)
+    assert (out / "params_initial.npz").exists()
