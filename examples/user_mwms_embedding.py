@@ -7,6 +7,9 @@ padded to the longest worker's rows (docs/tf-distribute.md). The train step is a
 around ``strategy.run``: ``tape.gradient``, then Keras SGD's ``apply_gradients``, which all-reduces
 the gradients (a sum over the workers); the loss is summed with ``strategy.reduce``.
 
+With ``--unknown-rows`` the step is traced for ids of any length (``input_signature`` with a ``None``
+dimension), so the gradient's row count is known only when the step runs.
+
 The cluster comes from TF_CONFIG when the environment has one (``memdiag run --engine tf-distribute``
 writes it); otherwise it is built from ``TF_PORTS`` (one port per worker, on localhost) and the MPI
 rank, so that the script also runs under plain mpirun:
@@ -56,6 +59,8 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--rows-base", type=int, default=1000, help="lookups per step on worker 0")
     parser.add_argument("--rows-step", type=int, default=500, help="extra lookups per worker index")
+    parser.add_argument("--unknown-rows", action="store_true",
+                        help="trace the step for batches of any size (rows unknown until the step runs)")
     args = parser.parse_args()
 
     tf_config_from_env()
@@ -82,7 +87,9 @@ def main() -> None:
         optimizer.apply_gradients(zip(grads, variables))
         return loss
 
-    @tf.function
+    signature = [tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.float32)] if args.unknown_rows else None
+
+    @tf.function(input_signature=signature)
     def train_step(ids, targets):
         return strategy.reduce("SUM", strategy.run(step_fn, args=(ids, targets)), axis=None)
 

@@ -19,11 +19,18 @@ rank, since every rank's gathered buffer is sized by Horovod's allgatherv to the
     merged gathered bytes per rank <= N x U_max x (row_bytes + index_bytes)
 
 (exactly N x U_max x ... when every rank has U_max distinct rows; the sum over ranks in general).
+
+TensorFlow's MultiWorkerMirroredStrategy gathers an IndexedSlices padded with zero rows to the longest
+worker's rows, so :func:`gathered_bytes` with rows_per_rank = the most rows of any worker is exact
+there, and of it :func:`padding_bytes` are zero rows::
+
+    padding bytes per worker = (N x max_rows - sum of rows) x (row_bytes + index_bytes)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 # MPI counts are C ints: a gathered buffer of more elements than this cannot be described by one
 # MPI_Allgatherv call (the 32-bit count overflow Horovod users report).
@@ -38,6 +45,15 @@ def gathered_bytes(world_size: int, rows_per_rank: int, row_bytes: int, index_by
 def gathered_values_bytes(world_size: int, rows_per_rank: int, row_bytes: int) -> int:
     """The values part alone of :func:`gathered_bytes` (the buffer that dominates)."""
     return world_size * rows_per_rank * row_bytes
+
+
+def padding_bytes(rows_per_worker: Sequence[int], row_bytes: int, index_bytes: int) -> int:
+    """Bytes of zero rows each worker receives when MultiWorkerMirroredStrategy gathers an IndexedSlices
+    whose workers have ``rows_per_worker`` rows (one entry per worker): every worker's values and
+    indices are padded to the longest's, so (N x max - sum) rows of padding; 0 when the rows are equal."""
+    if not rows_per_worker:
+        return 0
+    return (len(rows_per_worker) * max(rows_per_worker) - sum(rows_per_worker)) * (row_bytes + index_bytes)
 
 
 def merged_bytes(world_size: int, distinct_rows: int, row_bytes: int, index_bytes: int) -> int:

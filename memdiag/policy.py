@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from memdiag.formula import SparseGradientShape
+from memdiag.formula import SparseGradientShape, padding_bytes
 from memdiag.units import format_bytes
 
 AS_WRITTEN = "as-written"
@@ -61,6 +61,9 @@ class Decision:
     mode: str = AS_WRITTEN
     local_distinct_rows: int | None = None
     guard: float = DEDUP_GUARD
+    # --engine tf-distribute: every worker's rows (agreed: the same tuple on every worker), for the padding.
+    rows_per_worker: tuple[int, ...] | None = None
+    engine: str | None = None
 
     @property
     def densify(self) -> bool:
@@ -96,9 +99,17 @@ class Decision:
     def dense_bytes(self) -> int | None:
         return None if self.shape is None else self.shape.dense()
 
+    @property
+    def padding_bytes(self) -> int | None:
+        """Of :attr:`gathered_bytes`, the zero rows MultiWorkerMirroredStrategy pads with (None: not
+        that engine, or rows unknown)."""
+        if self.shape is None or self.rows_per_worker is None:
+            return None
+        return padding_bytes(self.rows_per_worker, self.shape.row_bytes, self.shape.index_bytes)
+
     def as_record(self) -> dict:
         shape = self.shape
-        return {
+        record = {
             "type": "policy",
             "name": self.name,
             "mode": self.mode,
@@ -121,6 +132,12 @@ class Decision:
             "dense_rows": None if shape is None else shape.dense_rows,
             "row_elements": None if shape is None else shape.row_elements,
         }
+        if self.engine is not None:  # fields of --engine tf-distribute only: Horovod's records are unchanged
+            record.update({"engine": self.engine,
+                           "rows_per_worker": None if self.rows_per_worker is None else list(self.rows_per_worker),
+                           "rows_total": None if self.rows_per_worker is None else sum(self.rows_per_worker),
+                           "padding_bytes": self.padding_bytes})
+        return record
 
 
 def decide(

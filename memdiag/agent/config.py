@@ -16,8 +16,8 @@ from typing import Any
 HOROVOD = "horovod"
 TF_DISTRIBUTE = "tf-distribute"  # tf.distribute.MultiWorkerMirroredStrategy, one worker per rank
 ENGINES = (HOROVOD, TF_DISTRIBUTE)
-# What --engine tf-distribute runs for now: scripts on one host, in these modes.
-TF_DISTRIBUTE_MODES = ("as-written", "sparse", "dense")
+# What --engine tf-distribute runs for now: scripts on one host, in these modes (not dedup).
+TF_DISTRIBUTE_MODES = ("as-written", "sparse", "dense", "auto")
 
 
 @dataclass(frozen=True)

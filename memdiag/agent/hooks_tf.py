@@ -40,9 +40,14 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+import numpy as np
 import tensorflow as tf
 
 from memdiag.agent.hooks import CollectiveHooks, Origin, _call_site, _static_shape, _var_name
+from memdiag.densify import UNKNOWN_ROWS, row_shape, sparse_shape
+from memdiag.formula import SparseGradientShape, padding_bytes
+from memdiag.policy import Decision, decide
+from memdiag.units import format_bytes
 
 ENGINE = "tf-distribute"
 # The policy's reasons, said of MWMS (which has no sparse_as_dense: it always gathers an IndexedSlices).
@@ -51,7 +56,7 @@ REASONS = {
                   "worker's rows",
     "sparse": "mode sparse: MultiWorkerMirroredStrategy's gather path, padded to the longest worker's rows",
     "dense": "mode dense: every IndexedSlices densified before MultiWorkerMirroredStrategy reduces it",
-}
+}  # auto's reason is its own (StrategyHooks._decision): the padded gather against the dense all-reduce
 SPARSE_STAGES = ("lengths", "values", "indices")
 
 
@@ -78,17 +83,20 @@ class StrategyHooks(CollectiveHooks):
     """Records of MWMS's collectives, with the policy of ``--mode`` (as-written, sparse, dense)."""
 
     def __init__(self, tracer: Any, mode: str, margin: float, world_size: Callable[[], int],
-                 on_decision: Callable[[Any], None], initial_parameters: str | None = None) -> None:
+                 on_decision: Callable[[Any], None], initial_parameters: str | None = None,
+                 agree: Callable[[int], list[int]] | None = None) -> None:
         def decided(decision: Any) -> None:
             on_decision(replace(decision, reason=REASONS.get(decision.mode, decision.reason)))
 
         super().__init__(tracer, mode, margin, world_size, decided, initial_parameters=initial_parameters)
+        self._agree = agree  # tests: a stand-in for the MPI allgather of the rows
         self.on_strategy: Callable[[Any], None] | None = None  # called once, when the strategy is up
         self._lock = threading.RLock()
         self._labels: dict[int, StrategyOrigin] = {}  # id(value) -> label, for one reduction
         self._batch: list[tuple[str | None, Any]] | None = None  # (name, variable) per value of a batch reduction
         self._dense: deque[StrategyOrigin] = deque()  # labels of the dense all-reduces to come
         self._sparse: list[_Sparse] = []
+        self._front: dict[int, tuple[Any, str, Any]] = {}  # id(gradient) -> (gradient, name, variable): Keras 3
 
     # -- installation -------------------------------------------------------------------------
     def install(self) -> None:
@@ -122,12 +130,50 @@ class StrategyHooks(CollectiveHooks):
     def _wrap_initialize(self, original: Callable) -> Callable:
         def initialize(extended, *args, **kwargs):
             result = original(extended, *args, **kwargs)
+            # Keras 3's optimizer is hooked once the strategy is up: importing Keras earlier could touch
+            # TensorFlow before the script configures its collectives.
+            self._install_keras3()
             callback, self.on_strategy = self.on_strategy, None
             if callback is not None:
                 callback(extended)
             return result
 
         return initialize
+
+    def _install_keras3(self) -> None:
+        """Keras 3 (TF >= 2.16) reduces gradient tensors, not (gradient, variable) pairs: its
+        ``TFOptimizer._all_reduce_sum_gradients`` is where the variables are known. Without Keras 3's
+        TensorFlow backend (Keras 2), nothing to hook."""
+        try:
+            from keras.src.backend.tensorflow.optimizer import TFOptimizer
+        except Exception:  # noqa: BLE001 - no Keras 3, or another backend
+            return
+        original = getattr(TFOptimizer, "_all_reduce_sum_gradients", None)
+        if original is None or getattr(original, "__memdiag__", False):
+            return
+        wrapped: Any = self._wrap_keras3_all_reduce(original)
+        wrapped.__memdiag__ = True
+        wrapped.__wrapped__ = original
+        self._originals.append((TFOptimizer, "_all_reduce_sum_gradients", original))
+        TFOptimizer._all_reduce_sum_gradients = wrapped
+
+    def _wrap_keras3_all_reduce(self, original: Callable) -> Callable:
+        def all_reduce_sum_gradients(optimizer, grads_and_vars):
+            pairs = list(grads_and_vars)
+            known = [(g, v) for g, v in pairs if g is not None and v is not None]
+            # The gradients cross to the strategy's reduction as the same objects (perhaps in another
+            # thread): a process-wide map by id, holding the gradient so that its id is not reused.
+            with self._lock:
+                for g, v in known:
+                    self._front[id(g)] = (g, _var_name(v), v)
+            try:
+                return original(optimizer, pairs)
+            finally:
+                with self._lock:
+                    for g, _ in known:
+                        self._front.pop(id(g), None)
+
+        return all_reduce_sum_gradients
 
     def _wrap_batch_reduce(self, original: Callable) -> Callable:
         def batch_reduce_implementation(cross_device_ops, reduce_op, value_destination_pairs, options):
@@ -153,9 +199,15 @@ class StrategyHooks(CollectiveHooks):
                 batch = self._batch if self._batch is not None and len(self._batch) == len(flat) else None
             gradient = batch is not None
             reduce_name = "average" if str(getattr(reduce_op, "value", reduce_op)).lower() == "mean" else "sum"
-            labelled = []
+            labelled: list[Any] = []
+            later: list[tuple[int, str, Any]] = []  # (position, name, variable) decided when the step runs
             for i, item in enumerate(flat):
                 name, variable = batch[i] if batch is not None else (None, None)
+                if name is None:
+                    with self._lock:
+                        front = self._front.get(id(item))
+                    if front is not None and front[0] is item:
+                        _, name, variable = front
                 sparse = isinstance(item, tf.IndexedSlices)
                 if name is None:
                     name = _value_name("gradient" if gradient else "reduce", i, item)
@@ -163,7 +215,11 @@ class StrategyHooks(CollectiveHooks):
                     self._capture(name, variable)
                 densified = False
                 if sparse:
-                    decision = self.policy.decide(name, item, variable)
+                    decision = self.decide(name, item, variable)
+                    if decision is None:  # auto, rows unknown until the step runs: reduced below, on its own
+                        later.append((i, name, variable))
+                        labelled.append(item)
+                        continue
                     if decision.densify:
                         item = self.policy.densify(item)
                         densified = True
@@ -174,6 +230,9 @@ class StrategyHooks(CollectiveHooks):
                 labelled.append(item)
             if gradient:
                 self._parameters_before_first_update()
+            if later:
+                return self._reduce_with_run_time_decisions(original, cross_device_ops, reduce_op, value, labelled,
+                                                            later, replica_id, options, gradient, reduce_name)
             try:
                 return original(cross_device_ops, reduce_op, tf.nest.pack_sequence_as(value, labelled), replica_id,
                                 options)
@@ -183,6 +242,139 @@ class StrategyHooks(CollectiveHooks):
                         self._labels.pop(id(item), None)
 
         return all_reduce
+
+    # -- the policy -----------------------------------------------------------------------------
+    def decide(self, name: str, grad: tf.IndexedSlices, variable: Any = None) -> Decision | None:
+        """The decision for ``name``, made the first time it is seen, for the whole job, from the rows
+        of every worker (agreed: every worker decides from the same list). None: ``auto`` in a graph
+        whose rows are unknown until the step runs (:meth:`_reduce_with_run_time_decisions`).
+
+        Every worker takes part in the agreement, rows known or not, so that nobody waits alone;
+        workers trace the same reductions in the same order, and a decision is kept per name, so a
+        later retrace on one worker never agrees again."""
+        known = self.policy.decisions.get(name)
+        if known is not None:
+            return known
+        world = self.world_size()
+        shape = sparse_shape(grad, variable)
+        local = UNKNOWN_ROWS if shape is None else shape.rows_per_rank
+        rows = self.agree_rows(local) if world > 1 else [local]
+        if shape is None or UNKNOWN_ROWS in rows:
+            if self.policy.mode == "auto" and world > 1 and not tf.executing_eagerly() \
+                    and row_shape(grad, variable) is not None:
+                return None
+            decision = decide(self.policy.mode, name, world, None, self.policy.margin)
+            reason = REASONS.get(decision.mode, "auto: row count unknown; kept MultiWorkerMirroredStrategy's gather")
+            decision = replace(decision, reason=reason)
+            decision = replace(decision, local_rows=None if local == UNKNOWN_ROWS else local, engine=ENGINE)
+        else:
+            decision = self._decision(name, shape, local, rows, world)
+        return self._keep(decision)
+
+    def _keep(self, decision: Decision) -> Decision:
+        with self._lock:
+            known = self.policy.decisions.get(decision.name)
+            if known is not None:
+                return known
+            self.policy.decisions[decision.name] = decision
+        if self.policy.on_decision is not None:
+            self.policy.on_decision(decision)
+        return decision
+
+    def _decision(self, name: str, shape: SparseGradientShape, local: int, rows: list[int], world: int,
+                  note: str = "") -> Decision:
+        """MWMS's figures: it gathers N x the longest worker's rows (padded), or, densified, all-reduces
+        the whole table. ``auto`` densifies when the padded gather receives more than the dense
+        all-reduce x margin."""
+        agreed = replace(shape, rows_per_rank=max(rows))
+        mode, margin = self.policy.mode, self.policy.margin
+        if mode == "auto":
+            gathered, dense = agreed.gathered(world), agreed.dense()
+            padding = padding_bytes(rows, shape.row_bytes, shape.index_bytes)
+            densify = gathered > margin * dense
+            margin_text = "" if margin == 1.0 else f" x {margin:g}"
+            reason = (f"auto: padded gather {format_bytes(gathered)} (N={world} x {agreed.rows_per_rank} rows, the "
+                      f"most of any worker; padding {format_bytes(padding)}) {'>' if densify else '<='} dense "
+                      f"all-reduce {format_bytes(dense)}{margin_text}{note}")
+            decision = Decision(name, "dense" if densify else "sparse", reason, world, agreed, False, local, mode)
+        else:
+            decision = decide(mode, name, world, agreed, margin, False, local)
+            decision = replace(decision, reason=REASONS.get(mode, decision.reason))
+        return replace(decision, rows_per_worker=tuple(rows), engine=ENGINE)
+
+    def _reduce_with_run_time_decisions(self, original: Callable, cross_device_ops: Any, reduce_op: Any, value: Any,
+                                        labelled: list[Any], later: list[tuple[int, str, Any]], replica_id: Any,
+                                        options: Any, gradient: bool, reduce_name: str) -> Any:
+        """``auto`` in a graph whose rows are known only when the step runs: the other values are reduced
+        as the strategy would; each such IndexedSlices is reduced on its own, in a ``tf.cond`` whose
+        branch (gather, or densify and all-reduce) a ``tf.py_function`` picks: at its first run it
+        gathers every worker's rows (MPI), decides, and keeps the decision for the whole job; later
+        runs return the kept decision. Every worker takes the same branch. The dense branch returns
+        ``IndexedSlices`` over every row, so that both branches have one type."""
+        results: list[Any] = list(labelled)
+        deferred = {i for i, _, _ in later}
+        rest = [item for i, item in enumerate(labelled) if i not in deferred]
+        try:
+            if rest:
+                for i, item in zip([i for i in range(len(labelled)) if i not in deferred],
+                                   original(cross_device_ops, reduce_op, rest, replica_id, options)):
+                    results[i] = item
+        finally:
+            with self._lock:
+                for item in rest:
+                    self._labels.pop(id(item), None)
+        world = self.world_size()
+        for i, name, variable in later:
+            grad = labelled[i]
+            shape = row_shape(grad, variable)
+            assert shape is not None, "decide() defers only rows of known width"
+
+            def choose(rows: Any, name: str = name, shape: SparseGradientShape = shape) -> Any:
+                known = self.policy.decisions.get(name)
+                if known is None:
+                    local = int(rows.numpy())
+                    decision = self._decision(name, replace(shape, rows_per_rank=local), local,
+                                              self.agree_rows(local), world, "; rows measured when the first step ran")
+                    known = self._keep(decision)
+                return np.int32(1 if known.densify else 0)
+
+            choice = tf.py_function(choose, [tf.shape(grad.values, out_type=tf.int64)[0]], Tout=tf.int32,
+                                    name="memdiag_decide")
+            choice.set_shape([])
+            results[i] = tf.cond(tf.equal(choice, 1),
+                                 lambda grad=grad, name=name: self._reduce_one(original, cross_device_ops, reduce_op,
+                                                                               grad, name, True, replica_id, options,
+                                                                               gradient, reduce_name),
+                                 lambda grad=grad, name=name: self._reduce_one(original, cross_device_ops, reduce_op,
+                                                                               grad, name, False, replica_id, options,
+                                                                               gradient, reduce_name))
+        return tf.nest.pack_sequence_as(value, results)
+
+    def _reduce_one(self, original: Callable, cross_device_ops: Any, reduce_op: Any, grad: tf.IndexedSlices,
+                    name: str, densify: bool, replica_id: Any, options: Any, gradient: bool,
+                    reduce_name: str) -> tf.IndexedSlices:
+        item: Any = self.policy.densify(grad) if densify else grad
+        label = StrategyOrigin(name, sparse=True, densified=densify, gradient=gradient, reduce_op=reduce_name)
+        with self._lock:
+            self._labels[id(item)] = label
+        try:
+            [reduced] = original(cross_device_ops, reduce_op, [item], replica_id, options)
+        finally:
+            with self._lock:
+                self._labels.pop(id(item), None)
+        if not densify:
+            return reduced
+        rows = tf.range(tf.shape(reduced, out_type=grad.indices.dtype)[0])
+        return tf.IndexedSlices(reduced, rows, grad.dense_shape)
+
+    def agree_rows(self, rows: int) -> list[int]:
+        """Every worker's ``rows`` (-1: unknown), in worker order, the same list on every worker: one
+        MPI allgather of an int (memdiag's own, outside the strategy's collectives)."""
+        if self._agree is not None:
+            return list(self._agree(rows))
+        from mpi4py import MPI
+
+        return [int(r) for r in MPI.COMM_WORLD.allgather(int(rows))]
 
     def _parameters_before_first_update(self) -> None:
         if self._initial_recorded or not self.variables:

@@ -192,6 +192,10 @@ def _run_strategy_script(config: AgentConfig, tracer: Tracer, writer: RecordWrit
                          tf_config: dict[str, Any]) -> None:
     """A script using tf.distribute.MultiWorkerMirroredStrategy, run as written (``--mode`` aside):
     no Horovod is imported; the start record is written when the script's strategy is up."""
+    # The policy agrees every worker's rows over MPI (memdiag's own allgather, made from the thread that
+    # traces or runs the step): MPI initialised in the main thread, at mpi4py's MPI_THREAD_MULTIPLE.
+    from mpi4py import MPI  # noqa: F401
+
     from memdiag.agent.hooks_tf import StrategyHooks
 
     hooks = StrategyHooks(

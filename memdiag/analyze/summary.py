@@ -205,6 +205,35 @@ def distinct_rows_summary(run: Run) -> list[dict[str, Any]]:
     return entries
 
 
+def padding_summary(run: Run) -> list[dict[str, Any]]:
+    """``--engine tf-distribute``: per IndexedSlices gradient whose rows differ between workers, the zero
+    rows MultiWorkerMirroredStrategy padded its gathers with (values and indices, ``pad_out_bytes``)
+    and the bytes gathered, per worker and step: the step and worker with the most padding. Every
+    worker receives the same bytes (N x the longest worker's rows), so the figures are the same on each."""
+    if run.manifest.get("engine") != "tf-distribute":
+        return []
+    cells: dict[str, dict[tuple[int, int], list[int]]] = defaultdict(dict)
+    for rank, records in run.ranks.items():
+        for c in records.collectives:
+            step = c.get("step")
+            if c.get("part") not in ("values", "indices") or not isinstance(step, int) or step < 0:
+                continue
+            cell = cells[c["name"]].setdefault((rank, step), [0, 0])
+            cell[0] += int(c.get("pad_out_bytes") or 0)
+            cell[1] += int(c.get("bytes_out") or 0)
+    policies = {p["name"]: p for records in run.ranks.values() for p in records.policies}
+    entries = []
+    for name, found in sorted(cells.items()):
+        padding, gathered = max(found.values())
+        if not padding:
+            continue  # equal rows: MWMS gathers without padding
+        rows = (policies.get(name) or {}).get("rows_per_worker")
+        entries.append({"name": name, "padding_bytes_per_step": padding, "gathered_bytes_per_step": gathered,
+                        "padding_share": padding / gathered if gathered else None,
+                        "rows_per_worker": rows})
+    return entries
+
+
 def step_summary(run: Run) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Per step across ranks: loss, slowest rank, highest peak, and whether parameters agree."""
     by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
@@ -303,6 +332,8 @@ def summarize(run: Run) -> dict[str, Any]:
         "consistency": consistency,
         "reduction_checks": checks,
         "distinct_rows": distinct_rows_summary(run),
+        "engine": m.get("engine", "horovod"),
+        "padding": padding_summary(run),  # tf-distribute: MWMS's zero rows per tensor
         "failure": diagnose(run),
         "warnings": list(run.warnings),
         **attribution_entry(run.path),  # "attribution": only when the run has memray files

@@ -79,7 +79,7 @@ def validate(request: RunRequest) -> None:
 
 
 def _validate_tf_distribute(request: RunRequest) -> None:
-    """What --engine tf-distribute supports for now: a script, on one host, as written, sparse or dense."""
+    """What --engine tf-distribute supports for now: a script, on one host, as written, sparse, dense or auto."""
     if not request.is_script:
         raise UserError(f"--engine {TF_DISTRIBUTE} runs a training script (a .py path) for now, not the built-in "
                         f"workload {request.target!r}; use --engine {HOROVOD} for it")
@@ -118,6 +118,10 @@ def changes_to_job(request: RunRequest) -> list[str]:
         if request.mode == "dense":
             changes.append("--mode dense: every IndexedSlices gradient densified (tf.convert_to_tensor) before "
                            "MultiWorkerMirroredStrategy reduces it")
+        elif request.mode == "auto":
+            changes.append("--mode auto: an IndexedSlices gradient densified (tf.convert_to_tensor) where "
+                           "MultiWorkerMirroredStrategy's padded gather would receive more than its dense all-reduce, "
+                           "decided once per tensor from every worker's rows")
     elif request.is_script and request.mode != AS_WRITTEN:
         changes.append(f"--mode {request.mode}: IndexedSlices gradients reduced as mode {request.mode} says, "
                        "whatever the script's sparse_as_dense")

@@ -48,9 +48,10 @@ def run_header(summary: dict[str, Any], manifest: dict[str, Any]) -> Panel:
     if manifest.get("wall_s") is not None:
         lines.append(f"  wall {manifest['wall_s']:.1f} s")
     mpi = (versions.get("mpi") or "").split(",")[0].replace("\x00", "")
-    if versions and manifest.get("engine", "horovod") != "horovod":
-        lines.append(f"\nengine {manifest['engine']}  TensorFlow {versions.get('tensorflow')}  "
-                     f"Keras {versions.get('keras')}  {mpi}")
+    if manifest.get("engine", "horovod") != "horovod":
+        lines.append(f"\nengine {manifest['engine']}")
+        if versions:
+            lines.append(f"  TensorFlow {versions.get('tensorflow')}  Keras {versions.get('keras')}  {mpi}")
     elif versions:
         lines.append("\nTensorFlow {tensorflow}  Horovod {horovod}  {mpi}".format(
             tensorflow=versions.get("tensorflow"), horovod=versions.get("horovod"), mpi=mpi))
@@ -130,6 +131,25 @@ def policy_table(summary: dict[str, Any]) -> FitTable | None:
     scope = common_scope([p["name"] for p in summary["policy"]])
     for p in summary["policy"]:
         table.add_row(short_name(p["name"], scope), REDUCED_AS.get(p["decision"], p["decision"]), Text(p["reason"]))
+    return table
+
+
+def padding_table(summary: dict[str, Any]) -> FitTable | None:
+    """tf-distribute: MultiWorkerMirroredStrategy pads each worker's rows to the longest's before
+    gathering; what each worker receives of zero rows, per tensor whose rows differ."""
+    entries = summary.get("padding") or []
+    if not entries:
+        return None
+    table = FitTable([Column("tensor", kind="name", justify="left", key=True), Column("rows/worker"),
+                      Column("gathered"), Column("padding"), Column("share")],
+                     title="Padded gathers (MultiWorkerMirroredStrategy, per worker per step)")
+    scope = common_scope([e["name"] for e in entries])
+    for e in entries:
+        rows = e.get("rows_per_worker") or []
+        span = "" if not rows else (str(rows[0]) if min(rows) == max(rows) else f"{min(rows)}-{max(rows)}")
+        share = "" if e.get("padding_share") is None else f"{100 * e['padding_share']:.0f}%"
+        table.add_row(short_name(e["name"], scope), span, format_bytes(e["gathered_bytes_per_step"]),
+                      format_bytes(e["padding_bytes_per_step"]), share)
     return table
 
 
@@ -258,6 +278,9 @@ def run_report(summary: dict[str, Any], manifest: dict[str, Any]) -> Group:
     policy = policy_table(summary)
     if policy is not None:
         parts.append(policy)
+    padding = padding_table(summary)
+    if padding is not None:
+        parts.append(padding)
     if summary.get("attribution"):
         from memdiag.report.attribution import attribution_section
 

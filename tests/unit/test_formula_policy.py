@@ -115,3 +115,35 @@ def test_auto_picks_the_cheapest_of_three_with_u_times_the_guard(n, rows, distin
     costs = {"sparse": n * rows * (row_bytes + index_bytes), "dedup": n * planned * (row_bytes + index_bytes),
              "dense": dense_rows * row_bytes}
     assert costs[d.reduction] == min(costs.values())
+
+
+def test_padding_bytes_of_mwms_gathers_worked_out_by_hand():
+    from memdiag.formula import padding_bytes
+
+    # 256 float32 per row (1024 B) and int32 indices (4 B): 1028 B a row gathered.
+    # N=2, rows 1000 and 1500: 2 x 1500 - 2500 = 500 zero rows = 514,000 B.
+    assert padding_bytes([1000, 1500], 1024, 4) == 514_000
+    # N=4, rows 1000, 1500, 2000, 2500: 4 x 2500 - 7000 = 3000 zero rows = 3,084,000 B.
+    assert padding_bytes([1000, 1500, 2000, 2500], 1024, 4) == 3_084_000
+    # equal rows, one worker, no worker: nothing padded
+    assert padding_bytes([700, 700, 700], 1024, 4) == 0
+    assert padding_bytes([1234], 1024, 4) == 0
+    assert padding_bytes([], 1024, 4) == 0
+    # the padding is the gather of N x max rows less the rows there are (10,280,000 - 7,196,000)
+    assert gathered_bytes(4, 2500, 1024, 4) - 7000 * 1028 == 3_084_000
+
+
+def test_a_tf_distribute_decision_records_every_workers_rows_and_the_padding():
+    from dataclasses import replace
+
+    shape = SparseGradientShape(rows_per_rank=2500, row_bytes=1024, index_bytes=4, dense_rows=5000, row_elements=256)
+    d = replace(decide("sparse", "embeddings:0", 4, shape, local_rows=1000),
+                rows_per_worker=(1000, 1500, 2000, 2500), engine="tf-distribute")
+    record = d.as_record()
+    assert record["engine"] == "tf-distribute" and record["rows_per_worker"] == [1000, 1500, 2000, 2500]
+    assert record["rows_per_rank"] == 2500 and record["local_rows"] == 1000 and record["rows_total"] == 7000
+    assert record["gathered_bytes"] == 4 * 2500 * 1028 == 10_280_000
+    assert record["padding_bytes"] == 3000 * 1028 == 3_084_000
+    assert record["dense_bytes"] == 5000 * 1024 == 5_120_000
+    # Horovod's records have none of these fields
+    assert not {"engine", "rows_per_worker", "padding_bytes"} & set(decide("sparse", "e", 4, shape).as_record())

@@ -278,3 +278,39 @@ def test_memory_settings_of_the_users_environment_are_recorded_and_named_in_both
     out = io.StringIO()
     print_compare(result, Console(width=80, file=out, force_terminal=True, color_system=None))
     assert "Set in the environment of every run: TF_ENABLE_ONEDNN_OPTS=0" in " ".join(out.getvalue().split())
+
+
+def test_tf_distribute_run_report_names_the_engine_and_the_padding_per_tensor_within_80_columns(tmp_path):
+    from types import SimpleNamespace
+
+    from memdiag.analyze.summary import padding_summary
+
+    # Worker r gathers the table padded to 2500 rows at N=4 (rows 1000 + 500 r): values 4 x 2500 x 1024 B,
+    # indices 4 x 2500 x 4 B; padding (4 x 2500 - 7000) rows x 1024 and x 4. A second tensor has equal rows.
+    name = "model_with_a_long_scope/embedding_of_the_words_of_the_source_language/embeddings:0"
+
+    def gather(rank, step, part, row_bytes, tensor=name, padding_rows=3000):
+        return {"type": "collective", "step": step, "op": "allgather", "name": tensor, "part": part,
+                "bytes_out": 4 * 2500 * row_bytes, "pad_out_bytes": padding_rows * row_bytes}
+
+    ranks = {r: SimpleNamespace(
+        collectives=[gather(r, s, p, b) for s in (-1, 0, 1) for p, b in (("values", 1024), ("indices", 4))]
+        + [gather(r, 0, "values", 1024, "even:0", 0)],
+        policies=[{"name": name, "rows_per_worker": [1000, 1500, 2000, 2500]}]) for r in range(4)}
+    run = SimpleNamespace(manifest={"engine": "tf-distribute"}, ranks=ranks)
+    [entry] = padding_summary(run)
+    assert entry["padding_bytes_per_step"] == 3000 * 1028 == 3_084_000
+    assert entry["gathered_bytes_per_step"] == 4 * 2500 * 1028 == 10_280_000
+    assert abs(entry["padding_share"] - 0.3) < 1e-12  # 3000 of the 10,000 rows gathered
+    assert padding_summary(SimpleNamespace(manifest={}, ranks=ranks)) == []  # Horovod: no padding
+
+    path = make_transformer_run(tmp_path / "r", 4, "sparse")
+    summary = {**load_summary(path), "padding": [entry], "engine": "tf-distribute"}
+    manifest = {**load_run(str(path)).manifest, "engine": "tf-distribute"}
+    text = narrow(print_run, summary, manifest)
+    assert_fits(text)
+    assert "engine tf-distribute" in text and "Padded gathers" in text
+    rows = rows_by_key(text, keys=1)
+    shown = name[:-len(":0")]  # the output index is left out, the name shortened from the left
+    [key] = [k for k in rows if k[0].startswith("…") and shown.endswith(k[0][1:]) and len(k[0]) > 15]
+    assert_row(rows, key, "1000-2500", format_bytes(10_280_000), format_bytes(3_084_000), "30%")

@@ -41,7 +41,7 @@ def test_an_unknown_engine_is_refused_by_the_parser(script, capsys):
     assert "--engine" in err and "tf-distribute" in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("mode", ["as-written", "sparse", "dense"])
+@pytest.mark.parametrize("mode", ["as-written", "sparse", "dense", "auto"])
 def test_a_script_in_the_supported_modes_passes(script, mode):
     validate(RunRequest(script, 2, mode, engine="tf-distribute"))
 
@@ -49,7 +49,6 @@ def test_a_script_in_the_supported_modes_passes(script, mode):
 @pytest.mark.parametrize("target, mode, options, message", [
     ("transformer", None, {}, "runs a training script"),
     ("SCRIPT", "dedup", {}, "not dedup"),
-    ("SCRIPT", "auto", {}, "not auto"),
     ("SCRIPT", None, {"hosts": "node1:1,node2:1"}, "--hosts is not supported"),
     ("SCRIPT", None, {"horovod_timeline": True}, "needs --engine horovod"),
 ])
@@ -114,13 +113,15 @@ def test_a_strategy_collective_record_carries_its_stage_and_padding_and_horovods
     assert not {"engine", "stage", "padded", "pad_in_bytes", "pad_out_bytes"} & set(horovod)
 
 
-def test_only_mode_dense_changes_a_strategy_scripts_job(script):
+def test_only_modes_dense_and_auto_change_a_strategy_scripts_job(script):
     from memdiag.launch.session import changes_to_job
 
     assert changes_to_job(RunRequest(script, 2, "as-written", engine="tf-distribute")) == []
     assert changes_to_job(RunRequest(script, 2, "sparse", engine="tf-distribute")) == []
     [change] = changes_to_job(RunRequest(script, 2, "dense", engine="tf-distribute"))
     assert "densified" in change
+    [change] = changes_to_job(RunRequest(script, 2, "auto", engine="tf-distribute"))
+    assert "--mode auto" in change and "padded gather" in change
 
 
 def test_the_agent_writes_tf_config_from_the_ports_and_keeps_the_users(monkeypatch):
