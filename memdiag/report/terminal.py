@@ -235,7 +235,11 @@ def script_text(summary: dict[str, Any]) -> Text:
         else:
             text.append("measured as written: memdiag changed nothing in the job\n", style="green")
     for p in summary.get("policy", []):
-        if p.get("overridden"):
+        if p.get("overridden") and summary.get("engine") == "tf-distribute":
+            # MultiWorkerMirroredStrategy has no sparse_as_dense: as written, it gathers padded rows.
+            text.append(f"as written, MultiWorkerMirroredStrategy gathers {p['name']} (padded rows); "
+                        f"this run used {p['decision']}\n", style="yellow")
+        elif p.get("overridden"):
             text.append(f"the script asked for sparse_as_dense={p.get('script_sparse_as_dense')} for "
                         f"{p['name']}; this run used {p['decision']}\n", style="yellow")
     policies = {p["name"]: p for p in summary.get("policy", [])}

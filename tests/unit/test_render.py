@@ -314,3 +314,16 @@ def test_tf_distribute_run_report_names_the_engine_and_the_padding_per_tensor_wi
     shown = name[:-len(":0")]  # the output index is left out, the name shortened from the left
     [key] = [k for k in rows if k[0].startswith("…") and shown.endswith(k[0][1:]) and len(k[0]) > 15]
     assert_row(rows, key, "1000-2500", format_bytes(10_280_000), format_bytes(3_084_000), "30%")
+
+
+def test_a_tf_distribute_override_is_not_described_as_horovods_sparse_as_dense(tmp_path):
+    path = make_transformer_run(tmp_path / "r", 4, "sparse")
+    policy = {"name": "embeddings:0", "decision": "dense", "overridden": True, "script_sparse_as_dense": False,
+              "mode": "auto", "reason": "auto"}
+    manifest = load_run(str(path)).manifest
+    base = {**load_summary(path), "policy": [policy]}
+    horovod = " ".join(render(base, manifest).split())
+    assert "the script asked for sparse_as_dense=False for embeddings:0; this run used dense" in horovod
+    mwms = " ".join(render({**base, "engine": "tf-distribute"}, {**manifest, "engine": "tf-distribute"}).split())
+    assert "sparse_as_dense" not in mwms
+    assert "as written, MultiWorkerMirroredStrategy gathers embeddings:0 (padded rows); this run used dense" in mwms
