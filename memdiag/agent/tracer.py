@@ -54,7 +54,8 @@ class Tracer:
         self._received: list[dict[str, Any]] = []  # collectives completed in the current step
         self._reported_waits: set[tuple] = set()
         self._window: list[float | None] = [None, None]  # the step's collective window (start, end)
-        self._live_bytes = 0
+        self._live_bytes = 0  # outputs of the step's collectives other than allgathers
+        self._gathered: dict[str, int] = {}  # per tensor: its allgather outputs (values and indices)
         self._quotient_bytes = 0
         self.on_step_end: list[Callable[[int], dict[str, Any] | None]] = []
         self.step_peaks: list[int] = []  # peak RSS of each training step (step >= 0), in order
@@ -70,6 +71,7 @@ class Tracer:
             self._received = []
             self._window = [None, None]
             self._live_bytes = 0
+            self._gathered = {}
             self._quotient_bytes = 0
 
     def end_step(self, step: int | None = None, **extra: Any) -> None:
@@ -96,7 +98,7 @@ class Tracer:
                 "hwm_bytes": self.hwm.run_peak(),
                 "exact_peak": exact is not None,
                 **phase_rises(times, rss, start, end),
-                "collective_live_peak_bytes": self._live_bytes + self._quotient_bytes,
+                "collective_live_peak_bytes": self._live_collective_bytes(),
             }
             for hook in self.on_step_end:
                 record.update(hook(step) or {})
@@ -150,12 +152,22 @@ class Tracer:
             self._collective_records.add(record)
             if meta.get("gradient"):
                 self._window[1] = record["t"]
-            self._live_bytes += record["bytes_out"]
+            if meta["op"] == "allgather":
+                self._gathered[meta["name"]] = self._gathered.get(meta["name"], 0) + record["bytes_out"]
+            else:
+                self._live_bytes += record["bytes_out"]
             self._quotient_bytes = max(self._quotient_bytes, quotient_bytes(meta, record["bytes_out"]))
             key = (meta["op"], meta["name"], meta.get("part"))
             self._pending.pop(key, None)
             self._reported_waits.discard(key)
             self._received.append({k: record[k] for k in ("op", "name", "part", "bytes_out")})
+
+    def _live_collective_bytes(self) -> int:
+        """The step's collective outputs alive at once: every output other than an allgather's, one
+        tensor's gathered outputs (the largest) and one quotient (the largest): Horovod completes the
+        allgathers one after another, and each gathered output is freed once its quotient is made
+        (memdiag.analyze.model.MemoryModel.held_bytes)."""
+        return self._live_bytes + max(self._gathered.values(), default=0) + self._quotient_bytes
 
     def begin_collective(self, meta: dict[str, Any], expected_bytes_out: int) -> None:
         with self._lock:
@@ -210,9 +222,9 @@ class Tracer:
 
 
 def quotient_bytes(meta: dict[str, Any], bytes_out: int) -> int:
-    """The second buffer a collective's output needs for a moment: Horovod divides gathered values by
-    N (op=Average) into a tensor as large, and frees the dividend when the division ends. A step's live
-    collective bytes are every output it received plus the largest such quotient
+    """The second buffer a gathered output needs: Horovod divides gathered values by N (op=Average) into
+    a tensor as large, alive until the tensor's update, and frees the dividend when the quotient is
+    made. A step's live collective bytes count the largest such quotient once
     (memdiag.analyze.model.MemoryModel.held_bytes)."""
     averaged = meta.get("reduce_op") in (None, "average")
     return bytes_out if meta["op"] == "allgather" and meta.get("part") == "values" and averaged else 0

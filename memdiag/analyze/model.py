@@ -12,10 +12,16 @@ Collective bytes follow :mod:`memdiag.formula` exactly. Peak memory per rank has
   the runs (``distinct_rows`` records); auto's choice between the three is
   :func:`memdiag.policy.decide`'s.
 - held(N) is what the gathered buffers hold at the peak, and follows the reduce op. Horovod's sparse
-  path with op=Average divides the gathered values by N into a second tensor as large; the dividend is
-  freed when its division ends. Every gathered output stays alive until the update, and one division
-  at a time adds a copy of one tensor's values: held(N) = sum of G_i(N) + max values_i(N) (for one
-  tensor about 2 G). With op=Sum the gathered values are used as they are: held(N) = sum of G_i(N).
+  path with op=Average divides the gathered values by N into a second tensor as large (TensorFlow's
+  constant folding turns ``values / size`` into a multiplication by 1/N, ``BinaryOp<mul>``); the
+  dividend is freed when that product is made. Horovod's background thread receives one response at a
+  time, so one tensor's gathered output is alive at a time, beside at most one quotient (its own, or
+  the previous tensor's until its update has consumed it): held(N) = max G_i(N) + max values_i(N), for
+  one tensor about 2 G. memray's allocation records of the Transformer show exactly this sequence at
+  N=2 and N=4 (docs/measurement.md, "What is alive in the collective window"). With op=Sum the
+  gathered values are used as they are: held(N) = max G_i(N). Allgathers that Horovod fuses into one
+  response (ready in the same cycle, together under the fusion threshold) are allocated together:
+  their sum would count instead, which the records do not show (a known limit).
   Horovod 0.28.1 has no allgather path for any other op (Adasum, Min, Max, Product raise
   NotImplementedError and ask for sparse_as_dense), so such a tensor is counted as a dense allreduce
   in every mode. k (held / gathered) is the one figure reports print.
@@ -131,19 +137,19 @@ class MemoryModel:
         return sum(self.tensor_gathered(name, mode, world_size) for name in self.tensors)
 
     def held_bytes(self, mode: str, world_size: int) -> float:
-        """What the gathered buffers hold at the peak: every gathered tensor's output G(N) (merged: its
-        U rows) until the update consumes it, plus, under op=Average, one quotient being computed beside
-        its dividend.
+        """What the gathered buffers hold at the peak: the largest gathered output G(N) (merged: its U
+        rows) plus, under op=Average, the largest quotient.
 
         Horovod reduces an IndexedSlices as ``allgather(values) / size``: the quotient is a second
-        tensor of the gathered values' size, and the dividend is freed when the division ends (it has
-        no other consumer). So each tensor holds one buffer of its gathered size at a time, and during
-        one division two: the peak is sum(G_i) + max(values_i), for one tensor G + values (about 2 G).
+        tensor of the gathered values' size, and the dividend is freed once the quotient is made. The
+        tensors' allgathers complete one after another, and a quotient is alive until its tensor's
+        update, which may come after the next tensor's gathered output arrives: so one gathered output
+        and one quotient at a time, max G + max values (for one tensor G + values, about 2 G).
         """
         names = [name for name in self.tensors if self.gathers(name, mode, world_size)]
-        held = sum(self.tensor_gathered(name, mode, world_size) for name in names)
+        gathered = [self.tensor_gathered(name, mode, world_size) for name in names]
         quotients = [self.tensor_gathered_values(name, mode, world_size) for name in names if self.averages(name)]
-        return held + max(quotients, default=0)
+        return max(gathered, default=0) + max(quotients, default=0)
 
     def collective_bytes(self, mode: str, world_size: int) -> int:
         """Bytes each rank receives per step (exact, from the formula)."""

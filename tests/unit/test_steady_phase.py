@@ -69,9 +69,10 @@ def test_only_averaged_gathered_values_need_a_second_buffer_for_a_moment():
     assert quotient_bytes({"op": "allreduce", "part": None, "reduce_op": "average"}, 100) == 0
 
 
-def test_a_steps_live_collective_bytes_hold_one_quotient_at_a_time(tmp_path):
-    """Two averaged embeddings: both gathered outputs stay alive until the update, but each dividend is
-    freed when its division ends, so only the larger quotient adds to them."""
+def test_a_steps_live_collective_bytes_hold_one_gathered_output_and_one_quotient_at_a_time(tmp_path):
+    """Two averaged embeddings: Horovod completes their allgathers one after another and frees each
+    dividend once its quotient is made, so one tensor's gathered output (the larger) and one quotient
+    (the larger) are alive at once; a dense output adds in full."""
     import json
 
     from memdiag.agent.records import RecordWriter
@@ -86,12 +87,15 @@ def test_a_steps_live_collective_bytes_hold_one_quotient_at_a_time(tmp_path):
             meta = {"op": "allgather", "name": name, "part": part, "dtype": "float32" if part == "values" else "int32",
                     "itemsize": 4, "sparse": True, "densified": False, "reduce_op": "average", "gradient": True}
             tracer.collective(meta, [rows, *shape[1:]], shape)
+    dense = {"op": "allreduce", "name": "kernel", "dtype": "float32", "itemsize": 4, "sparse": False,
+             "densified": False, "reduce_op": "average", "gradient": True}
+    tracer.collective(dense, [10, 10], [10, 10])
     tracer.end_step(0)
     writer.close()
     step = next(r for r in map(json.loads, (tmp_path / "rank-0.jsonl").read_text().splitlines())
                 if r["type"] == "step")
-    gathered = 600 * 16 * 4 + 600 * 4 + 400 * 16 * 4 + 400 * 4  # both tensors' values and indices
-    assert step["collective_live_peak_bytes"] == gathered + 600 * 16 * 4  # + a's quotient, the larger
+    gathered_a = 600 * 16 * 4 + 600 * 4  # a's values and indices, the larger tensor (b: 400 rows)
+    assert step["collective_live_peak_bytes"] == gathered_a + 600 * 16 * 4 + 10 * 10 * 4  # + a's quotient + dense
 
 
 def test_a_scripts_tail_is_left_out_of_the_steady_state_and_reported_apart():
