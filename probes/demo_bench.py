@@ -16,6 +16,11 @@ Example::
 
     .venv/bin/python probes/demo_bench.py --repeats 3
     .venv/bin/python probes/demo_bench.py --repeats 3 -- transformer --preset small -n 1,2,4 --steps 5
+
+Time the README's main job as `make demo` runs it, with ``TF_ENABLE_ONEDNN_OPTS=0`` in the
+environment (the benchmark passes its environment on)::
+
+    TF_ENABLE_ONEDNN_OPTS=0 .venv/bin/python probes/demo_bench.py --repeats 3
 """
 
 from __future__ import annotations

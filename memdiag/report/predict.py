@@ -19,9 +19,10 @@ from memdiag.units import format_bytes
 
 # Why a gathered byte costs k bytes at the peak, per reduce op (Horovod's sparse path).
 K_REASONS = {
-    "average": "op=Average, every gathered output is held until the update, and Horovod's values / N "
-               "adds one tensor's values at a time (the dividend is freed after its division)",
-    "sum": "op=Sum, the gathered values are used as they are: values and indices held once",
+    "average": "op=Average, one tensor's gathered output is alive at a time (Horovod completes the "
+               "allgathers one after another), beside one quotient values / N (the dividend is freed "
+               "once it is made)",
+    "sum": "op=Sum, the gathered values are used as they are: one tensor's values and indices at a time",
 }
 NO_GATHER_REASON = "has no allgather path in Horovod (sparse_as_dense needed): reduced densely in every mode"
 

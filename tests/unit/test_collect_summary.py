@@ -52,7 +52,7 @@ def test_garbage_lines_are_skipped_and_counted(tmp_path):
     assert len(run.ranks[0].steps) == 2
 
 
-@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cut=st.integers(0, 10**6), noise=st.binary(max_size=64), position=st.integers(0, 10**6))
 def test_reader_survives_any_truncation_or_corruption(tmp_path_factory, cut, noise, position):
     # GIVEN a real record file, truncated anywhere (a killed rank) and with random bytes spliced in
