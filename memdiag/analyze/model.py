@@ -183,10 +183,13 @@ class MemoryModel:
         return collective if compute is None else max(compute, collective)
 
     def regime(self, mode: str, world_size: int) -> str | None:
-        """Which regime sets the peak at ``world_size``; None for one-regime (older) summaries."""
+        """Which regime sets the peak at ``world_size``; None for one-regime (older) summaries. One rank
+        runs no collective, so its peak is never the collectives'."""
         compute = self.compute_peak_of(mode)
         if compute is None:
             return None
+        if world_size < 2:
+            return COMPUTE
         return COLLECTIVES if self.collective_peak(mode, world_size) > compute else COMPUTE
 
     # -- scanning N -------------------------------------------------------------------------------
@@ -229,12 +232,13 @@ class MemoryModel:
         return self.first_rank_count(mode, lambda n: self.peak(mode, n) > budget, limit)
 
     def regime_change_ranks(self, mode: str, limit: int = SCAN_LIMIT) -> int | None:
-        """Smallest N where the gathered buffers set the peak (collective_base + held(N) > compute_peak);
-        None when the compute peak is unknown or always higher up to ``limit``."""
+        """Smallest N where the collective window sets the peak (collective_base + held(N) > compute_peak),
+        from N=2 (one rank runs no collective); None when the compute peak is unknown or always higher
+        up to ``limit``."""
         compute = self.compute_peak_of(mode)
         if compute is None:
             return None
-        return self.first_rank_count(mode, lambda n: self.collective_peak(mode, n) > compute, limit)
+        return self.first_rank_count(mode, lambda n: n >= 2 and self.collective_peak(mode, n) > compute, limit)
 
     def compute_again_ranks(self, mode: str, limit: int = SCAN_LIMIT) -> int | None:
         """After the collective regime took over, the first N where compute sets the peak again (auto

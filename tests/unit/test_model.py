@@ -91,6 +91,17 @@ EMB = [tensor("emb", ROWS, DENSE_ROWS)]  # 1000 rows of 400 + 4 bytes per rank: 
 # op=Average: k x G(N) = N x 1000 x (2 x 400 + 4) = 804,000 N
 
 
+def test_one_rank_is_never_in_the_collective_regime_even_when_the_base_is_above_the_compute_peak():
+    # GIVEN a collective window of 9,000,000 + 804,000 N (measured at N=4) over a compute peak of
+    # 6,000,000, as without a pooling allocator, where the window also holds the end of the backward pass
+    runs = [two_regime_summary(n, "sparse", 6_000_000, 9_000_000 + n * 804_000, EMB) for n in (2, 4)]
+    model = build_model(runs)
+    # THEN the collectives take over at N=2, the first N that runs any, not at N=1
+    assert model.collective_peak("sparse", 1) > 6_000_000
+    assert model.regime("sparse", 1) == "compute" and model.regime("sparse", 2) == "collectives"
+    assert model.regime_change_ranks("sparse") == 2
+
+
 def test_compute_sets_the_peak_at_small_n_and_the_gathered_buffers_from_the_named_rank_count():
     # GIVEN a compute peak of 10,000,000 at N >= 2 (one rank, with no Horovod buffers, measured more:
     # it must not count) and a collective window of 6,000,000 + 804,000 N measured at N=4
