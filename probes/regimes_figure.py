@@ -106,7 +106,8 @@ def table(modes: list[ModeFigures]) -> str:
         for n in counts:
             p = points.get(n)
             line = m.line.get(n)
-            regime = "-" if m.compute is None or line is None else ("collectives" if line > m.compute else "compute")
+            regime = ("-" if m.compute is None or line is None
+                      else "compute" if n < 2 or line <= m.compute else "collectives")  # one rank: no collective
             lines.append(f"{m.mode:<10} {n:>4} {_size(p.peak if p else None):>9} {_size(p.spread if p else None):>9} "
                          f"{(p.phase or '-') if p else '(predicted)':<11} {_size(m.compute):>9} {_size(line):>10} "
                          f"{regime}")
