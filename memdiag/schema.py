@@ -242,3 +242,64 @@ class CompareRow(TypedDict, total=False):
     throughput_items_per_s: float | None
     run_dir: str
     failure: dict[str, Any] | None
+
+
+class EngineRow(TypedDict, total=False):
+    """One (rank count, engine, mode) row of ``compare.json`` ``side_by_side`` (``--engine both``):
+    the engine's own comparison row (maxima over the run's ranks; with --repeats the median peak) with
+    the bytes the formula predicted for it from the shapes known before the run."""
+
+    world_size: int
+    engine: str
+    mode: str
+    status: str
+    peak_rss_bytes_max: float | None
+    peak_spread_bytes: float | None
+    repeats: int
+    peak_phase: str | None
+    gathered_bytes_per_rank: int  # values and indices gathered per rank and step (padding included)
+    lengths_bytes_per_rank: int  # MWMS's gathers of every worker's row count (not in gathered_bytes_per_rank)
+    predicted_gathered_bytes_per_rank: int | None  # formula.gathered_bytes over the gathered tensors
+    padding_bytes_per_rank: int | None  # MWMS's zero rows per rank and step (None: the engine pads nothing)
+    predicted_padding_bytes_per_rank: int | None  # formula.padding_bytes from every worker's rows
+    allreduce_bytes_per_rank: int
+    run_dir: str
+
+
+class EnginePeak(TypedDict):
+    engine: str
+    mode: str
+    peak_rss_bytes: float
+
+
+class EnginesVerdict(TypedDict, total=False):
+    """The figures of the verdict across engines (``compare.json`` ``verdict``, ``--engine both``)."""
+
+    world_size: int | None  # the largest rank count with a completed run
+    peaks: list[EnginePeak]  # every completed (engine, mode) at that N, lowest first
+    lead_bytes: float | None  # the second lowest peak less the lowest
+    noise_bytes: float | None  # the larger of the engines' noise figures
+    noise_source: str | None  # repeats (run-to-run) or ranks (the spread between one run's ranks)
+    lead_beyond_noise: bool | None
+    gathered_bytes: dict[str, int]  # engine -> gathered bytes per rank and step in mode sparse at that N
+    gathered_ratio: float | None  # the other engine's gathered bytes / the reference engine's
+    padding_bytes: int | None  # the padding engine's zero rows per rank and step, mode sparse, at that N
+    rows_per_worker: dict[str, list[int]]  # per padded tensor: every worker's rows (the policy records)
+    equal_rows: bool | None  # every worker had the same rows in every padded tensor: no padding
+    formula_exact: dict[str, bool]  # engine -> measured gathered bytes equal the formula's in every sparse run
+
+
+class CrossEngineCheck(TypedDict, total=False):
+    """Final parameters of one engine's run against the reference engine's, same rank count and mode."""
+
+    world_size: int
+    mode: str
+    engine: str
+    against_engine: str
+    passed: bool | None
+    max_abs_diff: float | None
+    max_rel_diff: float | None
+    loss_max_rel_diff: float | None
+    update_allowance: float | None
+    terms: int | None
+    note: str

@@ -1,4 +1,13 @@
-"""The comparison of modes across rank counts: table rows, growth per added rank, correctness, verdict."""
+"""The comparison of modes across rank counts: table rows, growth per added rank, correctness, verdict.
+
+With two engines (``memdiag compare --engine both``) each engine's runs make the comparison above on
+their own (:func:`build`), and :func:`build_engines` sets them side by side: per rank count, engine and
+mode the steady peak, the bytes gathered and all-reduced, MultiWorkerMirroredStrategy's padding, and
+what the formula (:mod:`memdiag.formula`) predicted from the shapes known before the run; a verdict
+across the engines; and the final parameters of each engine against the first engine's (the
+reference, Horovod) at the same rank count and mode. Engines are told apart by the data: an engine
+pads its gathers when its policy records carry every worker's rows (``rows_per_worker``).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +20,7 @@ from memdiag import formula, rundir
 from memdiag._errors import UserError
 from memdiag.analyze import verify
 from memdiag.analyze.model import linear_fit
-from memdiag.schema import CompareRow
+from memdiag.schema import CompareRow, CrossEngineCheck, EnginePeak, EngineRow, EnginesVerdict
 
 
 def load_summary(run_dir: str) -> dict[str, Any]:
@@ -409,4 +418,186 @@ def physics(result: dict[str, Any], summaries: dict[tuple[int, str], dict[str, A
                    for mode in sorted({m for _, m in summaries})},
         "noise_bytes": noise_bytes,
         "noise_source": result.get("noise_source"),
+    }
+
+
+# -- two engines (--engine both) ---------------------------------------------------------------------
+
+def build_engines(target: str, preset: str | None,
+                  run_dirs: Mapping[str, Mapping[tuple[int, str], str | list[str]]],
+                  verify_dirs: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Every (engine, rank count, mode): each engine's own comparison (``engines``), the rows side by
+    side, the verdict across engines and the parameters of each engine against the first one's."""
+    verify_dirs = verify_dirs or {}
+    order = list(run_dirs)
+    results = {engine: {**build(target, preset, dirs, verify_dirs.get(engine)), "engine": engine}
+               for engine, dirs in run_dirs.items()}
+    firsts = {engine: {key: paths if isinstance(paths, str) else paths[0] for key, paths in dirs.items()}
+              for engine, dirs in run_dirs.items()}
+    summaries = {engine: {key: load_summary(path) for key, path in dirs.items()} for engine, dirs in firsts.items()}
+    rows = [engine_row(engine, row, summaries[engine][(row["world_size"], row["mode"])])
+            for engine in order for row in results[engine]["rows"]]
+    rows.sort(key=lambda r: (r["world_size"], order.index(r["engine"]), r["mode"]))
+    across = across_engines(order, firsts, summaries)
+    verdicts = [results[e]["correctness"]["passed"] for e in order] + [c["passed"] for c in across]
+    known = [v for v in verdicts if v is not None]
+    compared = [c["passed"] for c in across if c["passed"] is not None]
+    headlines = [f"{e}: {results[e]['headline']}" for e in order if results[e].get("headline")]
+    return {
+        "engine": "both",
+        "engine_order": order,
+        "workload": target,
+        "preset": preset,
+        "headline": "; ".join(headlines) or None,
+        "side_by_side": rows,
+        "verdict": engines_verdict(order, rows, results, summaries),
+        "correctness": {
+            "passed": None if not known else all(known),
+            "by_engine": {e: results[e]["correctness"]["passed"] for e in order},
+            # The verification run reduces with Horovod only: the other engines are checked by their parameters.
+            "reduction_checked": [e for e in order if results[e]["correctness"].get("reduction") is not None],
+            "across_engines": across,
+            "across_engines_passed": None if not compared else all(compared),
+            "rtol": verify.RTOL,
+            "atol": verify.ATOL,
+        },
+        "engines": results,
+        "all_ok": all(results[e]["all_ok"] for e in order),
+        "oversubscribed": any(results[e].get("oversubscribed") for e in order),
+        "memory_environment": {k: v for e in order for k, v in (results[e].get("memory_environment") or {}).items()},
+    }
+
+
+def engine_row(engine: str, row: CompareRow, summary: Mapping[str, Any]) -> EngineRow:
+    """One engine's comparison row with its gathered bytes split from MWMS's gathers of the row counts,
+    its padding, and the formula's figures for it."""
+    collectives = summary.get("collectives", [])
+    # A tensor's counts are gathered once per step: bytes of one call times the calls per step.
+    lengths = sum(int(c["bytes_out_per_rank"]) * round(c.get("calls_per_step") or 1) for c in collectives
+                  if c["op"] == "allgather" and c.get("part") == "lengths")
+    padding_engine = any("rows_per_worker" in p for p in summary.get("policy", []))
+    return {
+        "world_size": row["world_size"],
+        "engine": engine,
+        "mode": row["mode"],
+        "status": row["status"],
+        "peak_rss_bytes_max": row.get("peak_rss_bytes_max"),
+        "peak_spread_bytes": row.get("peak_spread_bytes"),
+        "repeats": row.get("repeats", 1),
+        "peak_phase": row.get("peak_phase"),
+        "gathered_bytes_per_rank": row["allgather_bytes_per_rank"] - lengths,
+        "lengths_bytes_per_rank": lengths,
+        "predicted_gathered_bytes_per_rank": predicted_gathered(summary, row["world_size"]),
+        "padding_bytes_per_rank": sum(int(p["padding_bytes_per_step"]) for p in summary.get("padding", []))
+        if padding_engine else None,
+        "predicted_padding_bytes_per_rank": predicted_padding(summary) if padding_engine else None,
+        "allreduce_bytes_per_rank": row["allreduce_bytes_per_rank"],
+        "run_dir": row["run_dir"],
+    }
+
+
+def _gathered_policies(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The policy records of the IndexedSlices gradients the run gathered, with their shapes."""
+    return [p for p in summary.get("policy", []) if p.get("rows_per_rank") is not None and p.get("decision") != "dense"]
+
+
+def predicted_gathered(summary: Mapping[str, Any], world_size: int) -> int | None:
+    """Bytes per rank and step the formula gives for the tensors the run gathered, from the policy
+    records' shapes (the most rows of any rank: exact for MWMS's padded gathers and for equal rows
+    under Horovod; merged, the bound N x U_max). None when no record has shapes."""
+    if not any(p.get("rows_per_rank") is not None for p in summary.get("policy", [])):
+        return None
+    if world_size == 1:
+        return 0  # one rank runs no collective: neither engine reduces anything
+    total = 0
+    for p in _gathered_policies(summary):
+        if p["decision"] == "dedup":
+            if p.get("distinct_rows") is None:
+                return None
+            total += formula.merged_bytes(world_size, p["distinct_rows"], p["row_bytes"], p["index_bytes"])
+        else:
+            total += formula.gathered_bytes(world_size, p["rows_per_rank"], p["row_bytes"], p["index_bytes"])
+    return total
+
+
+def predicted_padding(summary: Mapping[str, Any]) -> int:
+    """MWMS's zero rows per worker and step from every worker's rows in the policy records."""
+    return sum(formula.padding_bytes(p["rows_per_worker"], p["row_bytes"], p["index_bytes"])
+               for p in _gathered_policies(summary) if p.get("rows_per_worker"))
+
+
+def across_engines(order: Sequence[str], run_dirs: Mapping[str, Mapping[tuple[int, str], str]],
+                   summaries: Mapping[str, Mapping[tuple[int, str], dict[str, Any]]]) -> list[CrossEngineCheck]:
+    """Final parameters of each engine's runs against the reference engine's (the first) at the same rank
+    count and mode: the same data and initial values; Horovod averages the gradients, MWMS sums the
+    gradients of a loss scaled by 1/N, so they differ by float rounding only, within the tolerance of
+    the parameter check between modes (docs/measurement.md)."""
+    reference, *others = order
+    checks: list[CrossEngineCheck] = []
+    for engine in others:
+        for (n, mode), path in sorted(run_dirs[engine].items()):
+            ref_dir = run_dirs[reference].get((n, mode))
+            ref, other = summaries[reference].get((n, mode)), summaries[engine][(n, mode)]
+            if ref_dir is None or ref is None or ref.get("status") != "ok" or other.get("status") != "ok":
+                continue
+            found = _parameter_check(n, mode, mode, ref_dir, path, ref, other)
+            check: CrossEngineCheck = {
+                "world_size": n, "mode": mode, "engine": engine, "against_engine": reference,
+                "passed": found["passed"], "max_abs_diff": found["max_abs_diff"], "max_rel_diff": found["max_rel_diff"],
+                "loss_max_rel_diff": found["loss_max_rel_diff"], "update_allowance": found.get("update_allowance"),
+                "terms": found.get("terms")}
+            if found.get("note"):
+                check["note"] = found["note"]
+            checks.append(check)
+    return checks
+
+
+def engines_verdict(order: Sequence[str], rows: Sequence[EngineRow], results: Mapping[str, Mapping[str, Any]],
+                    summaries: Mapping[str, Mapping[tuple[int, str], dict[str, Any]]]) -> EnginesVerdict:
+    """The figures of the verdict at the largest rank count: every (engine, mode) peak, lowest first,
+    the lowest's lead against the noise (the larger of the engines'), the gathered bytes of each
+    engine's sparse run, MWMS's padding and whether every worker had the same rows, and whether the
+    measured gathered bytes equal the formula's."""
+    done = [r for r in rows if r["status"] == "ok" and r.get("peak_rss_bytes_max")]
+    largest = max((r["world_size"] for r in done), default=None)
+    at = sorted((r for r in done if r["world_size"] == largest), key=lambda r: r["peak_rss_bytes_max"] or 0)
+    peaks: list[EnginePeak] = [{"engine": r["engine"], "mode": r["mode"], "peak_rss_bytes": r["peak_rss_bytes_max"] or 0}
+                               for r in at]
+    lead = peaks[1]["peak_rss_bytes"] - peaks[0]["peak_rss_bytes"] if len(peaks) >= 2 else None
+    measured = [res for res in results.values() if res.get("noise_bytes") is not None]
+    noise_bytes = max((res["noise_bytes"] for res in measured), default=None)
+    sources = {res.get("noise_source") for res in measured}
+    sparse = {r["engine"]: r for r in at if r["mode"] == "sparse"}
+    gathered = {e: sparse[e]["gathered_bytes_per_rank"] for e in order if e in sparse}
+    reference = order[0]
+    others = [e for e in order[1:] if e in gathered]
+    ratio = None
+    if reference in gathered and others and gathered[reference]:
+        ratio = gathered[others[0]] / gathered[reference]
+    padded = [r for r in sparse.values() if r.get("padding_bytes_per_rank") is not None]
+    rows_per_worker: dict[str, list[int]] = {}
+    if padded and largest is not None:
+        summary = summaries[padded[0]["engine"]][(largest, "sparse")]
+        rows_per_worker = {p["name"]: list(p["rows_per_worker"]) for p in _gathered_policies(summary)
+                           if p.get("rows_per_worker")}
+    exact: dict[str, bool] = {}
+    for engine in order:
+        pairs = [(r["gathered_bytes_per_rank"], r["predicted_gathered_bytes_per_rank"]) for r in rows
+                 if r["engine"] == engine and r["mode"] == "sparse" and r["status"] == "ok"
+                 and r.get("predicted_gathered_bytes_per_rank") is not None]
+        if pairs:
+            exact[engine] = all(a == b for a, b in pairs)
+    return {
+        "world_size": largest,
+        "peaks": peaks,
+        "lead_bytes": lead,
+        "noise_bytes": noise_bytes,
+        "noise_source": None if not sources else ("repeats" if sources == {"repeats"} else "ranks"),
+        "lead_beyond_noise": None if lead is None or noise_bytes is None else lead > noise_bytes,
+        "gathered_bytes": gathered,
+        "gathered_ratio": ratio,
+        "padding_bytes": padded[0]["padding_bytes_per_rank"] if padded else None,
+        "rows_per_worker": rows_per_worker,
+        "equal_rows": None if not rows_per_worker else all(len(set(v)) == 1 for v in rows_per_worker.values()),
+        "formula_exact": exact,
     }
