@@ -5,7 +5,8 @@ Three kinds of directory, each named by the file that makes it what it is:
 - a run (``run.json``): one ``memdiag run``; ranks write ``rank-K.jsonl`` (records, docs/records.md),
   ``rank-K.memray.bin`` with ``--memray``; rank 0 writes ``params.npz`` and, with a timeline,
   ``horovod-timeline.json``; the launcher writes ``mpirun.log`` and, at the end, ``summary.json``;
-- a comparison (``compare.json``): one run directory per mode, rank count and repeat, plus ``verify-nN``;
+- a comparison (``compare.json``): one run directory per mode, rank count and repeat
+  (:func:`compare_run_name`; MultiWorkerMirroredStrategy's runs prefixed ``tfd-``), plus ``verify-nN``;
 - a scaling study (``scale.json``): one run directory per rank count.
 
 JSON results are written atomically (a temporary file, then a rename), so a reader never sees half a
@@ -48,6 +49,12 @@ def rank_file(rank: int) -> str:
 
 def memray_file(rank: int) -> str:
     return f"rank-{rank}{MEMRAY_SUFFIX}"
+
+
+def compare_run_name(world_size: int, mode: str, repeat: int = 0, tf_distribute: bool = False) -> str:
+    """A comparison's run directory: ``n{N}-{mode}``, ``-r{R}`` from the second repeat on; a run of
+    MultiWorkerMirroredStrategy (``--engine tf-distribute``) is ``tfd-n{N}-{mode}``, so the engine shows."""
+    return ("tfd-" if tf_distribute else "") + f"n{world_size}-{mode}" + (f"-r{repeat + 1}" if repeat else "")
 
 
 def kind(path: str) -> str | None:

@@ -1,4 +1,5 @@
-"""``memdiag compare sparse-vs-dense WORKLOAD -n 1,2,4``: every mode at every rank count, one verdict."""
+"""``memdiag compare sparse-vs-dense WORKLOAD -n 1,2,4 [--engine horovod|tf-distribute|both]``: every mode
+at every rank count (on each engine), one verdict."""
 
 from __future__ import annotations
 
@@ -18,8 +19,13 @@ class CompareCommand:
         parser.add_argument("target", help="built-in workload or path to a .py script")
         parser.add_argument("-n", "--ranks", dest="ranks", default="1,2,4",
                             help="comma-separated rank counts (default 1,2,4)")
-        parser.add_argument("--modes", default="sparse,dense,auto",
-                            help="modes to run (default sparse,dense,auto; dedup and as-written on request)")
+        parser.add_argument("--modes", default=None,
+                            help="modes to run (default sparse,dense,auto, with --engine both sparse,dense; "
+                                 "dedup and as-written on request)")
+        # Checked by CompareRequest.check, where the engines a comparison can take are stated.
+        parser.add_argument("--engine", default="horovod",
+                            help="what reduces the gradients: horovod (default), tf-distribute "
+                                 "(MultiWorkerMirroredStrategy), or both side by side (built-in workloads)")
         parser.add_argument("--out", help="directory for the comparison (default runs/compare-NAME-TIME)")
         parser.add_argument("--repeats", type=positive_int("--repeats"), default=1,
                             help="runs of each configuration, interleaved; their spread is the noise (default 1)")
@@ -29,13 +35,14 @@ class CompareCommand:
 
     def run(self, args: argparse.Namespace, script_args: list[str]) -> int:
         from memdiag.launch.options import LaunchOptions
-        from memdiag.launch.studies import CompareRequest, run_compare
+        from memdiag.launch.studies import CompareRequest, default_modes, run_compare
         from memdiag.report.compare import print_compare
         from memdiag.units import parse_rank_list
 
-        request = CompareRequest(args.target, parse_rank_list(args.ranks), _modes(args.modes),
+        modes = default_modes(args.engine) if args.modes is None else _modes(args.modes)
+        request = CompareRequest(args.target, parse_rank_list(args.ranks), modes,
                                  LaunchOptions.from_args(args, script_args), out=args.out, force=args.force,
-                                 repeats=args.repeats, fault=args.inject_fault)
+                                 repeats=args.repeats, fault=args.inject_fault, engine=args.engine)
         result = run_compare(request, Console(stderr=True))
         print_compare(result, Console())
         Console().print(f"comparison directory: {result['directory']}")

@@ -1,10 +1,13 @@
-"""Studies made of several runs: ``memdiag compare`` (modes x rank counts) and ``memdiag scale``
-(rank counts, weak or strong).
+"""Studies made of several runs: ``memdiag compare`` (modes x rank counts, on one engine or both) and
+``memdiag scale`` (rank counts, weak or strong).
 
 A study holds one :class:`LaunchOptions` and derives each run's request from it with
 :func:`dataclasses.replace`; every run is an ordinary ``memdiag run`` directory inside the study's
-directory. What the runs show together is worked out in :mod:`memdiag.analyze.compare` and
-:mod:`memdiag.analyze.scaling`.
+directory. Every run is checked before the first directory is made. What the runs show together is
+worked out in :mod:`memdiag.analyze.compare` and :mod:`memdiag.analyze.scaling`.
+
+``compare --engine both`` runs each (engine, rank count, mode) of a built-in workload, interleaved
+as repeats are; the verification run (``verify-nN``, a reduction check) exists for Horovod only.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from memdiag import rundir
 from memdiag._errors import UserError
+from memdiag.agent.config import ENGINES, HOROVOD, TF_DISTRIBUTE
 from memdiag.analyze import compare as comparison
 from memdiag.analyze import scaling
 from memdiag.launch.options import LaunchOptions
@@ -38,6 +42,17 @@ def _progress(progress: Progress, task: TaskID) -> Callable[[int], None]:
 
 # -- memdiag compare ---------------------------------------------------------------------------------
 
+BOTH = "both"  # compare --engine both: Horovod and MultiWorkerMirroredStrategy side by side
+COMPARE_ENGINES = (*ENGINES, BOTH)
+# Modes both engines run on a built-in workload (dedup is Horovod's alone, as-written is for scripts).
+BOTH_MODES = ("sparse", "dense", "auto")
+
+
+def default_modes(engine: str) -> list[str]:
+    """The modes a comparison runs without --modes: with both engines, the two that change the most."""
+    return ["sparse", "dense"] if engine == BOTH else ["sparse", "dense", "auto"]
+
+
 @dataclass(frozen=True)
 class CompareRequest:
     target: str
@@ -48,13 +63,35 @@ class CompareRequest:
     force: bool = False
     repeats: int = 1  # runs of each configuration, interleaved: the run-to-run spread is the noise
     fault: str | None = None  # injected on purpose by tests of the verification
+    engine: str = HOROVOD  # one of COMPARE_ENGINES
 
-    def run_request(self, world_size: int, mode: str, out: str) -> RunRequest:
-        return RunRequest(self.target, world_size, mode, self.options, out=out, fault=self.fault)
+    @property
+    def engines(self) -> list[str]:
+        """The engines whose runs are made, the reference (Horovod) first."""
+        return list(ENGINES) if self.engine == BOTH else [self.engine]
+
+    def check(self) -> None:
+        """What a comparison needs beyond what each of its runs does (:func:`validate`)."""
+        if self.engine not in COMPARE_ENGINES:
+            raise UserError(f"--engine {self.engine!r}: choose one of {', '.join(COMPARE_ENGINES)}")
+        if self.engine != BOTH:
+            return
+        if is_script(self.target):
+            raise UserError(f"--engine {BOTH} compares a built-in workload (transformer, mixed): a script is "
+                            f"written for one engine; compare {self.target} with --engine {HOROVOD} or "
+                            f"--engine {TF_DISTRIBUTE}")
+        other = [m for m in self.modes if m not in BOTH_MODES]
+        if other:
+            raise UserError(f"--engine {BOTH} runs modes both engines have ({', '.join(BOTH_MODES)}), not "
+                            f"{', '.join(other)}; for {other[0]} use --engine {HOROVOD}")
+
+    def run_request(self, world_size: int, mode: str, out: str, engine: str = HOROVOD) -> RunRequest:
+        return RunRequest(self.target, world_size, mode, self.options, out=out, fault=self.fault, engine=engine)
 
     def check_request(self, world_size: int, out: str) -> RunRequest:
         """The verification run: every IndexedSlices gradient reduced both ways and compared, one step.
-        Not a measured run (it reduces twice on purpose), so no memory limit and no memray."""
+        Not a measured run (it reduces twice on purpose), so no memory limit and no memray. Horovod's
+        hooks make it; MultiWorkerMirroredStrategy has no such check."""
         options = replace(self.options, steps=1, memray=False, mem_limit_bytes=None, max_warmup=0)
         # A script runs as written (its op, compression, process set).
         mode = AS_WRITTEN if is_script(self.target) else "sparse"
@@ -63,36 +100,52 @@ class CompareRequest:
 
 def run_compare(request: CompareRequest, console: Console) -> dict[str, Any]:
     # Everything is checked before the first directory is made.
-    for n in request.rank_counts:
-        for mode in request.modes:
-            validate(request.run_request(n, mode, out=""))
+    request.check()
+    for engine in request.engines:
+        for n in request.rank_counts:
+            for mode in request.modes:
+                validate(request.run_request(n, mode, out="", engine=engine))
     out = request.out or rundir.new_dir_name(f"compare-{label(request.target)}")
     rundir.prepare(out, request.force)
-    # Every configuration once, then again: a drift in the machine's load falls on all of them.
-    runs = [(r, n, mode) for r in range(request.repeats) for n in request.rank_counts for mode in request.modes]
+    # Every configuration once, then again: a drift in the machine's load falls on all of them. The
+    # engines alternate at each rank count, so that a drift falls on both alike.
+    runs = [(r, n, engine, mode) for r in range(request.repeats) for n in request.rank_counts
+            for engine in request.engines for mode in request.modes]
     verify_n = min((n for n in request.rank_counts if n > 1), default=None)
-    run_dirs: dict[tuple[int, str], list[str]] = {}
-    verify_dir = None
+    run_dirs: dict[str, dict[tuple[int, str], list[str]]] = {engine: {} for engine in request.engines}
+    verify_dirs: dict[str, str] = {}
     steps = request.options.steps
+    named = request.engine == BOTH
     with Progress(*_COLUMNS, console=console, transient=True) as progress:
         overall = progress.add_task("comparison", total=len(runs))
-        for r, n, mode in runs:
-            task = progress.add_task(f"  N={n} {mode}: steps", total=steps)
-            run_out = os.path.join(out, f"n{n}-{mode}" + (f"-r{r + 1}" if r else ""))
-            run_dirs.setdefault((n, mode), []).append(
-                execute(request.run_request(n, mode, run_out), on_steps=_progress(progress, task)))
+        for r, n, engine, mode in runs:
+            what = f"{engine} N={n} {mode}" if named else f"N={n} {mode}"
+            task = progress.add_task(f"  {what}: steps", total=steps)
+            run_out = os.path.join(out, rundir.compare_run_name(n, mode, r, engine == TF_DISTRIBUTE))
+            run_dirs[engine].setdefault((n, mode), []).append(
+                execute(request.run_request(n, mode, run_out, engine), on_steps=_progress(progress, task)))
             progress.remove_task(task)
             progress.advance(overall)
-            console.print(f"  finished N={n} {mode}" + (f" (repeat {r + 1})" if request.repeats > 1 else ""),
+            console.print(f"  finished {what}" + (f" (repeat {r + 1})" if request.repeats > 1 else ""),
                           highlight=False)
-        if verify_n is not None:
+        if verify_n is not None and HOROVOD in request.engines:
             # A separate short run, kept apart so that its extra collectives never touch the measured runs.
             progress.update(overall, description=f"reduction check at N={verify_n}")
-            verify_dir = execute(request.check_request(verify_n, os.path.join(out, f"verify-n{verify_n}")))
+            verify_dirs[HOROVOD] = execute(request.check_request(verify_n, os.path.join(out, f"verify-n{verify_n}")))
     preset = None if is_script(request.target) else request.options.preset
-    result = comparison.build(label(request.target), preset, run_dirs, verify_dir)
-    result.update({"rank_counts": request.rank_counts, "modes": request.modes, "steps": steps,
-                   "repeats": request.repeats, "directory": out})
+    study = {"rank_counts": request.rank_counts, "modes": request.modes, "steps": steps,
+             "repeats": request.repeats, "directory": out}
+    result: dict[str, Any]
+    if request.engine == BOTH:
+        result = comparison.build_engines(label(request.target), preset, run_dirs, verify_dirs)
+        for each in result["engines"].values():
+            each.update(study)
+    else:
+        [engine] = request.engines
+        result = comparison.build(label(request.target), preset, run_dirs[engine], verify_dirs.get(engine))
+        if engine != HOROVOD:
+            result["engine"] = engine  # Horovod's compare.json stays as it was before engines
+    result.update(study)
     rundir.write_json(os.path.join(out, rundir.COMPARE_FILE), result)
     return result
 
