@@ -37,9 +37,7 @@ class ReportCommand:
                 raise UserError(f"--format chrome traces one run: give a run directory inside {args.run_dir}")
             status = render_compare_dir(args.run_dir, args.format)
             if args.plots:
-                from memdiag.report.plots import write_compare_plots
-
-                _say_plots(write_compare_plots(args.run_dir), args.format)
+                _say_plots(_compare_plots(args.run_dir), args.format)
             return status
         run = load_run(args.run_dir)
         if args.format == "chrome":
@@ -72,6 +70,22 @@ class ReportCommand:
 
             _say_plots(write_run_plots(run), args.format)
         return 0
+
+
+def _compare_plots(path: str) -> list[str] | None:
+    """``peak-vs-ranks.png`` of a comparison; with two engines one line per engine and mode."""
+    import os
+
+    from memdiag import rundir
+    from memdiag.report.plots import PEAK_PLOT, plot_peak_vs_ranks, write_compare_plots
+
+    result = rundir.read_json(os.path.join(path, rundir.COMPARE_FILE))
+    if result.get("engine") != "both":
+        return write_compare_plots(path)
+    rows = [{**r, "mode": f"{r['engine']} {r['mode']}"} for r in result["side_by_side"]]
+    title = f"{result.get('workload', '?')} ({result.get('preset', '?')}): peak memory per rank, two engines"
+    written = plot_peak_vs_ranks(rows, os.path.join(path, PEAK_PLOT), title)
+    return None if written is None else [written]
 
 
 def _say_plots(paths: list[str] | None, fmt: str) -> None:

@@ -92,6 +92,17 @@ def verdict(result: dict[str, Any]) -> Text:
             if d.get("merge_s_median") is not None:
                 text.append(f"; merging cost {d['merge_s_median'] * 1000:.2f} ms per step")
             text.append("\n")
+    correctness_text(result, text)
+    for phrase in describe_memory_environment(result.get("memory_environment") or {}):
+        text.append(f"Set in the environment of every run: {phrase}.\n", style="yellow")
+    if result.get("oversubscribed"):
+        text.append("Ranks shared cores on this host: step times and throughput are not a scaling measurement.\n",
+                    style="yellow")
+    return text
+
+
+def correctness_text(result: dict[str, Any], text: Text) -> None:
+    """The correctness result of one engine's comparison, appended to ``text``."""
     c = result["correctness"]
     if c["passed"] is None:
         text.append("Correctness: not checked (needs a sparse run beside another mode).\n", style="yellow")
@@ -123,6 +134,10 @@ def verdict(result: dict[str, Any]) -> Text:
                 text.append(f"reduction check at N={reduction['world_size']}: allgather and {label} of "
                             f"{len(reduction['tensors'])} gradient(s) differ by at most {_num(r['max_rel_diff'])} "
                             f"relative ({within}); ", style=None if r["passed"] else "bold red")
+        if reduction is None and result.get("engine", "horovod") != "horovod":
+            # Only Horovod's hooks reduce a gradient both ways: say so rather than imply it covered this engine.
+            text.append(f"no reduction check: it exists for Horovod only, so {result['engine']}'s modes are checked by "
+                        "their final parameters; ", style="yellow")
         identical = c.get("ranks_identical_every_step")
         text.append("parameters identical on all ranks every step\n" if identical else
                     ("parameters DIFFER between ranks\n" if identical is False else "\n"))
@@ -133,20 +148,10 @@ def verdict(result: dict[str, Any]) -> Text:
                 text.append(f"  N={check['world_size']} {check['mode']} vs {check['against']}: "
                             f"max |diff| {_num(check['max_abs_diff'])}, loss rel diff "
                             f"{_num(check['loss_max_rel_diff'])} {check.get('note', '')}\n", style="red")
-    for phrase in describe_memory_environment(result.get("memory_environment") or {}):
-        text.append(f"Set in the environment of every run: {phrase}.\n", style="yellow")
-    if result.get("oversubscribed"):
-        text.append("Ranks shared cores on this host: step times and throughput are not a scaling measurement.\n",
-                    style="yellow")
-    return text
 
 
-def physics_verdict(result: dict[str, Any]) -> Text:
-    """The comparison in one sentence with its numbers, then which phase set each mode's peaks."""
-    p = result.get("physics")
-    text = Text()
-    if not p or p.get("largest_world_size") is None:
-        return text
+def physics_parts(p: dict[str, Any]) -> list[str]:
+    """The clauses of one engine's verdict sentence, from its ``physics`` figures."""
     parts = []
     growth, predicted = p.get("sparse_growth_bytes_per_rank"), p.get("predicted_rss_growth_bytes_per_rank")
     if growth is not None:
@@ -181,16 +186,29 @@ def physics_verdict(result: dict[str, Any]) -> Text:
         parts.append(part)
     if p.get("lowest_peak_mode"):
         parts.append(f"lowest peak at N={p['largest_world_size']}: {p['lowest_peak_mode']}")
+    return parts
+
+
+def noise_phrase(noise: float | None, source: str | None, whose: str = "") -> str:
+    """What the noise figure is, after a verdict; ``whose`` names where it comes from."""
+    if noise is None:
+        return "Run-to-run noise not measured (--repeats 1)."
+    if source == "ranks":
+        return (f"Noise{whose}: {format_bytes(noise)}, the largest spread between the ranks of one run "
+                "(--repeats R measures run-to-run noise).")
+    return f"Run-to-run noise{whose}: {format_bytes(noise)}."
+
+
+def physics_verdict(result: dict[str, Any]) -> Text:
+    """The comparison in one sentence with its numbers, then which phase set each mode's peaks."""
+    p = result.get("physics")
+    text = Text()
+    if not p or p.get("largest_world_size") is None:
+        return text
+    parts = physics_parts(p)
     if parts:
         text.append("; ".join(parts) + ".", style="bold")
-        noise = p.get("noise_bytes")
-        if noise is None:
-            text.append(" Run-to-run noise not measured (--repeats 1).\n")
-        elif p.get("noise_source") == "ranks":
-            text.append(f" Noise: {format_bytes(noise)}, the largest spread between the ranks of one run "
-                        "(--repeats R measures run-to-run noise).\n")
-        else:
-            text.append(f" Run-to-run noise: {format_bytes(noise)}.\n")
+        text.append(" " + noise_phrase(p.get("noise_bytes"), p.get("noise_source")) + "\n")
     for mode, phases in (p.get("phases") or {}).items():
         known = [(int(n), phase) for n, phase in phases.items() if phase and int(n) > 1]
         if not known:
@@ -206,7 +224,8 @@ def _num(value: float | None) -> str:
 
 def compare_report(result: dict[str, Any]) -> Group:
     title = f"{result['workload']}" + (f" ({result['preset']})" if result.get("preset") else "")
-    header = Panel(Text(f"{title}  modes {', '.join(result.get('modes', []))}  "
+    engine = f"  engine {result['engine']}" if result.get("engine") else ""  # Horovod's compare.json names none
+    header = Panel(Text(f"{title}{engine}  modes {', '.join(result.get('modes', []))}  "
                         f"ranks {', '.join(map(str, result.get('rank_counts', [])))}  steps {result.get('steps')}"),
                    title="memdiag compare sparse-vs-dense", expand=False)
     parts: list[Any] = [header]
@@ -217,5 +236,150 @@ def compare_report(result: dict[str, Any]) -> Group:
                  Panel(peak_chart(result["rows"]), title="peak RSS per rank", expand=False), verdict(result))
 
 
+# -- two engines (--engine both) ---------------------------------------------------------------------
+
+def engines_sentence(result: dict[str, Any]) -> str:
+    """The verdict across engines in words, with its numbers (terminal and Markdown say the same)."""
+    v = result.get("verdict") or {}
+    peaks = v.get("peaks") or []
+    if not peaks:
+        return "No run completed: nothing to compare."
+    low = peaks[0]
+    text = (f"At N={v['world_size']} the lowest per-rank peak is {low['engine']} {low['mode']}, "
+            f"{format_bytes(low['peak_rss_bytes'])}")
+    if len(peaks) >= 2:
+        runner = peaks[1]
+        text += f", {format_bytes(v['lead_bytes'])} below {runner['engine']} {runner['mode']}"
+        noise = format_bytes(v.get("noise_bytes"))
+        if v.get("lead_beyond_noise") is None:
+            text += " (noise not measured)"
+        elif v["lead_beyond_noise"]:
+            text += f", beyond the noise ({noise})"
+        else:
+            text += f", within noise ({noise}): level"
+        rest = [f"{p['engine']} {p['mode']} {format_bytes(p['peak_rss_bytes'])}" for p in peaks[2:]]
+        if rest:
+            text += "; then " + ", ".join(rest)
+    text += "."
+    gathered = v.get("gathered_bytes") or {}
+    order = [e for e in result.get("engine_order", []) if e in gathered]
+    if len(order) >= 2:
+        reference, other = order[0], order[1]
+        text += (f" In mode sparse {other} gathered {format_bytes(gathered[other])} per rank per step, "
+                 f"{reference} {format_bytes(gathered[reference])}")
+        if v.get("gathered_ratio") is not None:
+            text += f" ({v['gathered_ratio']:.2f}x)"
+        padding = v.get("padding_bytes")
+        if padding == 0 and v.get("equal_rows"):
+            rows = sorted({r for each in v["rows_per_worker"].values() for r in each})
+            text += (f"; {other}'s padding was 0 B because every worker had the same rows "
+                     f"({', '.join(map(str, rows))} per tensor)")
+        elif padding:
+            text += f"; {format_bytes(padding)} of {other}'s was padding"
+        text += "."
+    exact = v.get("formula_exact") or {}
+    if exact:
+        if all(exact.values()):
+            text += " Gathered bytes equal the formula's on " + " and ".join(exact) + "."
+        else:
+            text += " Gathered bytes differ from the formula's on " + " and ".join(e for e, ok in exact.items()
+                                                                               if not ok) + "."
+    return text
+
+
+def engines_peak_table(result: dict[str, Any]) -> FitTable:
+    rows = result["side_by_side"]
+    repeated = any(r.get("peak_spread_bytes") is not None for r in rows)
+    columns = [Column("N", key=True), Column("engine", justify="left", key=True),
+               Column("mode", justify="left", key=True), Column("peak RSS")]
+    if repeated:
+        columns.append(Column("spread"))
+    columns += [Column("set by", justify="left"), Column("status", justify="left")]
+    title = "Per-rank steady peak (max over ranks" + (", median of repeats)" if repeated else ")")
+    table = FitTable(columns, title=title)
+    for i, row in enumerate(rows):
+        cells = [str(row["world_size"]), row["engine"], row["mode"], format_bytes(row.get("peak_rss_bytes_max"))]
+        if repeated:
+            cells.append(format_bytes(row.get("peak_spread_bytes")))
+        cells += [row.get("peak_phase") or "-", row["status"]]
+        table.add_row(*cells)
+        if i + 1 < len(rows) and rows[i + 1]["world_size"] != row["world_size"]:
+            table.add_section()
+    return table
+
+
+def engines_bytes_table(result: dict[str, Any]) -> FitTable:
+    rows = result["side_by_side"]
+    table = FitTable([Column("N", key=True), Column("engine", justify="left", key=True),
+                      Column("mode", justify="left", key=True), Column("gathered"), Column("formula"),
+                      Column("padding"), Column("allreduce")],
+                     title="Bytes per rank per step (formula: from the shapes known before the run)")
+    for i, row in enumerate(rows):
+        table.add_row(str(row["world_size"]), row["engine"], row["mode"], format_bytes(row["gathered_bytes_per_rank"]),
+                      format_bytes(row.get("predicted_gathered_bytes_per_rank")),
+                      format_bytes(row.get("padding_bytes_per_rank")), format_bytes(row["allreduce_bytes_per_rank"]))
+        if i + 1 < len(rows) and rows[i + 1]["world_size"] != row["world_size"]:
+            table.add_section()
+    return table
+
+
+def engines_details(result: dict[str, Any]) -> Text:
+    """Per engine: its own verdict and correctness, briefly; then the parameters across engines."""
+    text = Text()
+    for engine in result.get("engine_order", []):
+        each = result["engines"][engine]
+        text.append(f"{engine}: ", style="bold")
+        parts = physics_parts(each.get("physics") or {})
+        if parts:
+            text.append("; ".join(parts) + ". ")
+        text.append(f"Noise {format_bytes(each.get('noise_bytes'))}.\n")
+        for row in each["rows"]:
+            failure = row.get("failure")
+            if failure:
+                text.append(f"  {row['mode']} at N={row['world_size']} failed: {failure['headline']}\n", style="red")
+        correctness_text(each, text)
+    c = result["correctness"]
+    across = c.get("across_engines") or []
+    compared = [check for check in across if check["passed"] is not None]
+    if compared:
+        worst = max(compared, key=lambda check: check["max_abs_diff"] or 0.0)
+        passed = c.get("across_engines_passed")
+        text.append(f"Across engines {'PASSED' if passed else 'FAILED'}: ", style="bold green" if passed else "bold red")
+        allowance = max((check.get("update_allowance") or 0.0 for check in compared), default=0.0)
+        text.append(f"final parameters of {worst['engine']} against {worst['against_engine']}, same N and mode "
+                    f"({len(compared)} pair(s)): max |diff| {_num(worst['max_abs_diff'])} at N={worst['world_size']} "
+                    f"{worst['mode']}, max relative {_num(max(ch['max_rel_diff'] or 0.0 for ch in compared))}, "
+                    f"loss {_num(max(ch['loss_max_rel_diff'] or 0.0 for ch in compared))} (tolerance as between modes: "
+                    f"rtol {c['rtol']:g}, atol {c['atol']:g}"
+                    + (f", + {allowance:.2g} of each variable's largest update" if allowance else "") + ")\n")
+        for check in compared:
+            if check["passed"] is False:
+                text.append(f"  N={check['world_size']} {check['mode']}: max |diff| {_num(check['max_abs_diff'])}, "
+                            f"loss rel diff {_num(check['loss_max_rel_diff'])}\n", style="red")
+    for note in sorted({check["note"] for check in across if check.get("note")}):
+        text.append(f"Across engines: {note}\n", style="yellow")
+    for phrase in describe_memory_environment(result.get("memory_environment") or {}):
+        text.append(f"Set in the environment of every run: {phrase}.\n", style="yellow")
+    if result.get("oversubscribed"):
+        text.append("Ranks shared cores on this host: step times and throughput are not a scaling measurement.\n",
+                    style="yellow")
+    return text
+
+
+def engines_report(result: dict[str, Any]) -> Group:
+    title = f"{result['workload']}" + (f" ({result['preset']})" if result.get("preset") else "")
+    header = Panel(Text(f"{title}  engines {', '.join(result.get('engine_order', []))}  "
+                        f"modes {', '.join(result.get('modes', []))}  "
+                        f"ranks {', '.join(map(str, result.get('rank_counts', [])))}  steps {result.get('steps')}"),
+                   title="memdiag compare sparse-vs-dense --engine both", expand=False)
+    parts: list[Any] = [Text(engines_sentence(result), style="bold"), header]
+    if result.get("headline"):
+        parts.append(Panel(Text(result["headline"], style="bold red"), title="headline", expand=False))
+    v = result.get("verdict") or {}
+    parts.append(Text(noise_phrase(v.get("noise_bytes"), v.get("noise_source"), " (the larger of the engines')")))
+    return Group(*parts, engines_peak_table(result), engines_bytes_table(result), engines_details(result))
+
+
 def print_compare(result: dict[str, Any], console: Console | None = None) -> None:
-    (console or Console()).print(compare_report(result))
+    report = engines_report(result) if result.get("engine") == "both" else compare_report(result)
+    (console or Console()).print(report)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memdiag.report.compare import engines_sentence
 from memdiag.report.terminal import common_scope, short_name
 from memdiag.units import format_bytes
 
@@ -34,6 +35,8 @@ def run_markdown(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
 
 
 def compare_markdown(result: dict[str, Any]) -> str:
+    if result.get("engine") == "both":
+        return engines_markdown(result)
     rows = _table(
         ["N", "mode", "peak RSS (max)", "collective bytes/rank/step", "step time", "status"],
         [[str(r["world_size"]), r["mode"], format_bytes(r["peak_rss_bytes_max"]),
@@ -46,3 +49,36 @@ def compare_markdown(result: dict[str, Any]) -> str:
     c = result["correctness"]
     verdict = f"Correctness passed: {c['passed']} (max abs diff {c['max_abs_diff']}, max rel diff {c['max_rel_diff']})"
     return f"## compare sparse-vs-dense: {result['workload']}\n\n{rows}\n\n{growth}\n\n{verdict}\n"
+
+
+def engines_markdown(result: dict[str, Any]) -> str:
+    """``--engine both``: the verdict, every (N, engine, mode) side by side, correctness per engine."""
+    repeated = any(r.get("peak_spread_bytes") is not None for r in result["side_by_side"])
+    rows = _table(
+        ["N", "engine", "mode", "peak RSS (max)"] + (["spread"] if repeated else [])
+        + ["set by", "gathered/rank/step", "formula", "padding", "allreduce/rank/step", "status"],
+        [[str(r["world_size"]), r["engine"], r["mode"], format_bytes(r.get("peak_rss_bytes_max"))]
+         + ([format_bytes(r.get("peak_spread_bytes"))] if repeated else [])
+         + [r.get("peak_phase") or "-", format_bytes(r["gathered_bytes_per_rank"]),
+            format_bytes(r.get("predicted_gathered_bytes_per_rank")), format_bytes(r.get("padding_bytes_per_rank")),
+            format_bytes(r["allreduce_bytes_per_rank"]), r["status"]]
+         for r in result["side_by_side"]],
+    )
+    c = result["correctness"]
+    lines = []
+    for engine in result.get("engine_order", []):
+        each = result["engines"][engine]["correctness"]
+        reduction = each.get("reduction")
+        check = ("reduction check passed: " + str(reduction["passed"])) if reduction else \
+            "no reduction check (it exists for Horovod only)"
+        lines.append(f"- {engine}: correctness passed: {each['passed']} (modes against sparse: max abs diff "
+                     f"{each['max_abs_diff']}, max rel diff {each['max_rel_diff']}); {check}")
+    compared = [x for x in c.get("across_engines", []) if x["passed"] is not None]
+    if compared:
+        worst = max(compared, key=lambda x: x["max_abs_diff"] or 0.0)
+        lines.append(f"- across engines (same N and mode): passed: {c['across_engines_passed']} (max abs diff "
+                     f"{worst['max_abs_diff']} at N={worst['world_size']} {worst['mode']}; rtol {c['rtol']:g}, "
+                     f"atol {c['atol']:g} and rounding's share of each variable's update)")
+    title = f"{result['workload']}" + (f" ({result['preset']})" if result.get("preset") else "")
+    return (f"## compare sparse-vs-dense --engine both: {title}\n\n{engines_sentence(result)}\n\n{rows}\n\n"
+            + "\n".join(lines) + "\n")
