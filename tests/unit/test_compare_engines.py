@@ -382,6 +382,9 @@ def test_a_comparisons_run_directories_show_the_engine_and_keep_horovods_names()
 ])
 def test_bad_input_is_one_line_exit_2_and_leaves_no_directory(args, needles, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
+    # No mpirun on PATH: should a check be missed, the run fails to start (and the test with it) rather
+    # than starting ranks.
+    monkeypatch.setenv("PATH", str(tmp_path))
     assert main(["compare", "sparse-vs-dense", *args, "-n", "1,2"]) == 2
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
