@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup setup-tf-latest demo test test-slow test-fast lint bench clean-runs
+.PHONY: setup setup-tf-latest demo test test-slow test-tf-latest test-fast lint bench clean-runs
 
 setup:
 	bash scripts/setup.sh
@@ -28,6 +28,11 @@ test-slow: setup
 lint: setup
 	$(VENV)/bin/ruff check memdiag tests probes examples
 	$(VENV)/bin/mypy memdiag
+
+# The tf-distribute tests again, with memdiag and the scripts run by .venv-tf-latest's Python (the newest
+# tensorflow-cpu, Keras 3, no Horovod); pytest itself runs from .venv. Tests that need Horovod are left out.
+test-tf-latest: setup setup-tf-latest
+	MEMDIAG_TEST_PYTHON=$(CURDIR)/.venv-tf-latest/bin/python $(PY) -m pytest -q -m "tfdist and not horovod"
 
 # Unit tests only (no mpirun).
 test-fast: setup

@@ -2,7 +2,9 @@
 # The optional second environment for the tf-distribute engine (issue 12): `.venv-tf-latest`, a
 # Python 3.11 virtualenv with the newest tensorflow-cpu the package index serves, Keras 3, mpi4py
 # built against the system OpenMPI, and numpy. No Horovod: it does not build against TF >= 2.19.
-# memdiag itself is not installed here yet: this environment serves probes/tf_distribute_gather.py.
+# memdiag is installed here too (editable, without its dependency list: that pins numpy<2 and memray,
+# which this environment decides for itself), so that `memdiag run --engine tf-distribute` and the
+# tf-distribute tests run under the newest TensorFlow (`make test-tf-latest`).
 #
 # Idempotent: when the stamp is present and the imports work, it finishes in seconds without asking
 # the index anything. MEMDIAG_TF_LATEST_UPGRADE=1 asks the index again and upgrades.
@@ -53,7 +55,11 @@ print(f"[setup-tf-latest] ready: TensorFlow {tf.__version__}, Keras {keras.__ver
 PY
 }
 
-if [ -f "$STAMP" ] && [ "${MEMDIAG_TF_LATEST_UPGRADE:-0}" != 1 ] && smoke 2>/dev/null; then
+memdiag_ok() {
+    "$VENV/bin/python" -c "import memdiag.cli, psutil" >/dev/null 2>&1
+}
+
+if [ -f "$STAMP" ] && [ "${MEMDIAG_TF_LATEST_UPGRADE:-0}" != 1 ] && smoke 2>/dev/null && memdiag_ok; then
     exit 0
 fi
 
@@ -83,5 +89,11 @@ if ! smoke; then
     say "numpy<2 does not work with tensorflow-cpu $newest_tf: installing NumPy 2"
     "$PIP" install -q --upgrade "numpy>=2"
     smoke
+fi
+if ! memdiag_ok; then
+    say "installing memdiag (editable) with psutil and rich"
+    "$PIP" install -q psutil rich
+    "$PIP" install -q --no-deps -e "$ROOT"
+    memdiag_ok
 fi
 "$PIP" freeze > "$STAMP"

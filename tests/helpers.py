@@ -9,12 +9,15 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# The Python that runs memdiag and the scripts under test: pytest's own, or another environment's
+# (`make test-tf-latest` runs the tf-distribute tests with .venv-tf-latest's, where Horovod is absent).
+PYTHON = os.environ.get("MEMDIAG_TEST_PYTHON") or sys.executable
 
 
 def memdiag(*args: str, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run ``memdiag ARGS`` in a subprocess, as a user types it."""
     env = {**os.environ, "COLUMNS": "160"}
-    return subprocess.run([sys.executable, "-m", "memdiag", *args], capture_output=True, text=True,
+    return subprocess.run([PYTHON, "-m", "memdiag", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd or ROOT, env=env, stdin=subprocess.DEVNULL)
 
 
@@ -24,3 +27,11 @@ def read_json(path: Path) -> dict:
 
 def read_records(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def keras_variable_name(run_dir: Path, layer: str, variable: str) -> str:
+    """A layer's variable named as the run's Keras names it (from rank 0's start record): Keras 2 gives
+    ``embeddings:0``, Keras 3 prefixes the layer's path, ``table/embeddings:0``."""
+    [start] = [r for r in read_records(Path(run_dir) / "rank-0.jsonl") if r["type"] == "start"]
+    keras = start["versions"].get("keras") or ""
+    return f"{layer}/{variable}:0" if keras.startswith("3.") else f"{variable}:0"

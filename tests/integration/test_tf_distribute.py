@@ -12,12 +12,11 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from tests.helpers import ROOT, memdiag, read_json, read_records
+from tests.helpers import PYTHON, ROOT, keras_variable_name, memdiag, read_json, read_records
 
 pytestmark = [pytest.mark.mpi, pytest.mark.tfdist]
 
@@ -35,6 +34,9 @@ INDICES_PAD_IN = {0: 500 * 4, 1: 0}
 VALUES_PAD_OUT = (2 * 1500 - 2500) * 1024  # (N x max - sum) x row bytes = 512,000 on every worker
 INDICES_PAD_OUT = (2 * 1500 - 2500) * 4
 DENSE_TABLE_AND_HEAD = (5000 * 256 + 256 + 1) * 4  # the densified table packed with the head: 5,121,028
+# Two float32 steps at the table's largest entry (0.05) per training step: what reducing the same
+# numbers in another order may change in the parameters.
+ROUNDING = 2 * STEPS * float(np.spacing(np.float32(0.05)))  # 2.2e-8
 OUTPUT_LINE = re.compile(r"^(step \d+ loss \S+|final \S+)$", re.M)
 LOSS_LINE = re.compile(r"^step (\d+) loss (\S+)$", re.M)
 
@@ -79,6 +81,7 @@ def test_the_run_records_the_engine_and_no_horovod(as_written):
 
 
 def test_each_step_gathers_n_times_the_longest_workers_rows_with_the_padding(as_written):
+    table = keras_variable_name(as_written, "table", "embeddings")
     for rank in range(N):
         records = [r for r in _collectives(as_written, rank) if r["step"] >= 0]
         assert sorted({r["step"] for r in records}) == list(range(STEPS))
@@ -88,7 +91,7 @@ def test_each_step_gathers_n_times_the_longest_workers_rows_with_the_padding(as_
             assert len(gathers) == 3 and set(parts) == {"lengths", "values", "indices"}, gathers
             lengths, values, indices = parts["lengths"], parts["values"], parts["indices"]
             assert lengths["bytes_in"] == 4 and lengths["bytes_out"] == N * 4
-            assert values["name"] == indices["name"] == lengths["name"] == "embeddings:0"
+            assert values["name"] == indices["name"] == lengths["name"] == table
             assert all(r["sparse"] and not r["densified"] and r["gradient"] and r["engine"] == "tf-distribute"
                        for r in gathers)
             assert values["padded"] and indices["padded"]
@@ -113,24 +116,26 @@ def test_each_step_gathers_n_times_the_longest_workers_rows_with_the_padding(as_
 
 
 def test_mode_dense_densifies_the_table_and_gathers_nothing(dense):
+    table = keras_variable_name(dense, "table", "embeddings")
     for rank in range(N):
         records = [r for r in _collectives(dense, rank) if r["step"] >= 0]
         assert not [r for r in records if r["op"] == "allgather"]
         for step in range(STEPS):
             [pack] = [r for r in records if r["step"] == step and r["op"] == "allreduce" and r["gradient"]]
-            assert pack["densified"] and "embeddings:0" in pack["pack_members"]
+            assert pack["densified"] and table in pack["pack_members"]
             assert pack["bytes_out"] == DENSE_TABLE_AND_HEAD == 5_121_028
     summary = read_json(dense / "summary.json")
     [policy] = summary["policy"]
-    assert policy["name"] == "embeddings:0" and policy["decision"] == "dense" and policy["overridden"]
+    assert policy["name"] == table and policy["decision"] == "dense" and policy["overridden"]
     assert summary["changes_to_job"]
 
 
 def test_sparse_and_dense_runs_end_with_the_same_parameters(as_written, dense):
     # The same sums in another order: equal to float32 rounding. The table's entries are at most 0.05
-    # (Keras' uniform initialiser), where a float32 step is 3.7e-9: 1e-8 allows about 3 of them. Three
-    # steps move every variable by far more (the table by about 6e-5).
-    tolerance = 1e-8
+    # (Keras' uniform initialiser), where a float32 step is 3.7e-9; each step's update may round
+    # differently by about two of them (Keras 3's SGD measured 4 after three steps, Keras 2's up to 3).
+    # Three steps move every variable by far more (the table by about 6e-5).
+    tolerance = ROUNDING
     sparse_params, dense_params = np.load(as_written / "params.npz"), np.load(dense / "params.npz")
     initial = np.load(as_written / "params_initial.npz")
     assert sorted(sparse_params.files) == sorted(dense_params.files) and len(sparse_params.files) == 3
@@ -152,7 +157,7 @@ def test_the_script_prints_the_same_under_plain_mpirun(as_written):
            "TF_CPP_MIN_LOG_LEVEL"] + (["-x", "PYTHONPATH"] if "PYTHONPATH" in env else [])
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
-    plain = subprocess.run([*cmd, sys.executable, str(SCRIPT), *ARGS], capture_output=True, text=True, timeout=240,
+    plain = subprocess.run([*cmd, PYTHON, str(SCRIPT), *ARGS], capture_output=True, text=True, timeout=240,
                            env=env, stdin=subprocess.DEVNULL)
     assert plain.returncode == 0, plain.stdout + plain.stderr
     printed = OUTPUT_LINE.findall(plain.stdout)
