@@ -16,8 +16,11 @@ from typing import Any
 HOROVOD = "horovod"
 TF_DISTRIBUTE = "tf-distribute"  # tf.distribute.MultiWorkerMirroredStrategy, one worker per rank
 ENGINES = (HOROVOD, TF_DISTRIBUTE)
-# What --engine tf-distribute runs for now: scripts on one host, in these modes (not dedup).
+# What --engine tf-distribute runs for now, on one host: scripts and these built-in workloads (their
+# MultiWorkerMirroredStrategy variant; resnet50 is Horovod's only), in these modes (not dedup; a built-in
+# workload's as-written is sparse, what its code does).
 TF_DISTRIBUTE_MODES = ("as-written", "sparse", "dense", "auto")
+TF_DISTRIBUTE_WORKLOADS = ("transformer", "mixed")
 
 
 @dataclass(frozen=True)

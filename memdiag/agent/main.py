@@ -8,6 +8,10 @@ to rank 0 from the start, whatever ends the rank (:mod:`memdiag.agent.delivery`)
 
 A user's script is measured as written: its thread pools, its Horovod options and its allocator are
 left alone unless an option of memdiag's asks otherwise (and run.json says so).
+
+With ``--engine tf-distribute`` (a script, or a built-in workload's MultiWorkerMirroredStrategy
+variant) nothing imports Horovod: ranks come from MPI's environment, memdiag's own agreements go
+through mpi4py, and the strategy's collectives are hooked instead (:mod:`memdiag.agent.hooks_tf`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any, Callable
 
 from memdiag import rundir
 from memdiag.agent import delivery as _delivery
-from memdiag.agent.config import TF_DISTRIBUTE, AgentConfig
+from memdiag.agent.config import HOROVOD, TF_DISTRIBUTE, AgentConfig
 from memdiag.agent.records import RecordWriter
 from memdiag.agent.sampler import MemorySampler, read_hwm
 from memdiag.agent.tracer import Tracer
@@ -73,9 +77,9 @@ def main(argv: list[str] | None = None) -> int:
             raise EnvironmentProblem(tf_config["error"])
         _limit_threads(config)
         if strategy:
-            tracer = Tracer(writer, sampler, rank, auto_steps=True)
+            tracer = Tracer(writer, sampler, rank, auto_steps=config.is_script)
             _watch(config, tracer, writer, sampler, delivery)
-            _run_strategy_script(config, tracer, writer, rank, spool, tf_config or {})
+            _run_with_strategy(config, tracer, writer, rank, spool, tf_config or {})
         else:
             hvd = _import_horovod()
 
@@ -106,7 +110,10 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 # The script initialises Horovod itself, with its own arguments (process sets, ...).
                 hooks.on_init = started
-            _run_workload(config, tracer, hvd, spool, hooks)
+            if config.is_script:
+                _run_script(config)
+            else:
+                _run_builtin(config, tracer, spool, hooks, hvd.rank(), hvd.size())
             tracer.finish()
             if config.is_script:
                 _save_script_parameters(hooks, writer, hvd.rank(), spool)
@@ -188,10 +195,12 @@ def _write_tf_config(rank: int, size: int) -> dict[str, Any]:
     return {"source": "memdiag", "value": value}
 
 
-def _run_strategy_script(config: AgentConfig, tracer: Tracer, writer: RecordWriter, rank: int, spool: str,
-                         tf_config: dict[str, Any]) -> None:
-    """A script using tf.distribute.MultiWorkerMirroredStrategy, run as written (``--mode`` aside):
-    no Horovod is imported; the start record is written when the script's strategy is up."""
+def _run_with_strategy(config: AgentConfig, tracer: Tracer, writer: RecordWriter, rank: int, spool: str,
+                       tf_config: dict[str, Any]) -> None:
+    """A script using tf.distribute.MultiWorkerMirroredStrategy, run as written (``--mode`` aside), or
+    a built-in workload's strategy variant: no Horovod is imported; the start record is written when
+    the strategy is up. A built-in workload's rank and size are MPI's, its warm-up agreed over MPI,
+    and it saves its own parameters (after ``--steps``, whatever the warm-up adds)."""
     # The policy agrees every worker's rows over MPI (memdiag's own allgather, made from the thread that
     # traces or runs the step): MPI initialised in the main thread, at mpi4py's MPI_THREAD_MULTIPLE.
     from mpi4py import MPI  # noqa: F401
@@ -216,11 +225,23 @@ def _run_strategy_script(config: AgentConfig, tracer: Tracer, writer: RecordWrit
     hooks.on_strategy = started
     hooks.install()
     try:
-        _run_workload(config, tracer, None, spool, hooks)
+        if config.is_script:
+            _run_script(config)
+        else:
+            _run_builtin(config, tracer, spool, hooks, rank, _world_size_from_env(), agree_max=_mpi_max)
     finally:
         hooks.uninstall()
     tracer.finish()
-    _save_script_parameters(hooks, writer, rank, spool)
+    if config.is_script:
+        _save_script_parameters(hooks, writer, rank, spool)
+
+
+def _mpi_max(value: int) -> int:
+    """The largest of every worker's ``value``: one MPI allreduce (mpi4py, memdiag's own, outside the
+    strategy's collectives), made from the main thread, which initialised MPI."""
+    from mpi4py import MPI
+
+    return int(MPI.COMM_WORLD.allreduce(int(value), op=MPI.MAX))
 
 
 def _strategy_start_record(config: AgentConfig, extended: Any, tf_config: dict[str, Any]) -> dict[str, Any]:
@@ -386,18 +407,27 @@ def _start_record(config: AgentConfig, hvd: Any) -> dict[str, Any]:
     }
 
 
-def _run_workload(config: AgentConfig, tracer: Tracer, hvd: Any, spool: str, hooks: Any) -> None:
-    if config.script is not None:
-        sys.argv = [config.script, *config.script_args]
-        sys.path.insert(0, os.path.dirname(os.path.abspath(config.script)))
-        runpy.run_path(config.script, run_name="__main__")
-        return
+def _run_script(config: AgentConfig) -> None:
+    assert config.script is not None
+    sys.argv = [config.script, *config.script_args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(config.script)))
+    runpy.run_path(config.script, run_name="__main__")
+
+
+def _run_builtin(config: AgentConfig, tracer: Tracer, spool: str, hooks: Any, rank: int, size: int,
+                 agree_max: Callable[[int], int] | None = None) -> None:
+    """A built-in workload on this rank; ``agree_max`` as :attr:`WorkloadContext.agree_max` (None:
+    Horovod's)."""
     from memdiag.workloads.loop import WorkloadContext
 
+    # Under the strategy, auto decides when the step is traced, from every worker's rows agreed over
+    # MPI (StrategyHooks.decide); the decision from the first batch's ids agrees through Horovod.
+    decide_lookups = hooks.decide_lookups if config.mode == "auto" and size > 1 and config.engine == HOROVOD \
+        else None
     ctx = WorkloadContext(
         tracer=tracer,
-        rank=hvd.rank(),
-        size=hvd.size(),
+        rank=rank,
+        size=size,
         steps=config.steps,
         seed=config.seed,
         preset=config.preset,
@@ -405,7 +435,9 @@ def _run_workload(config: AgentConfig, tracer: Tracer, hvd: Any, spool: str, hoo
         run_dir=spool,
         check_params=config.check_params,
         max_warmup=config.max_warmup,
-        decide_lookups=hooks.decide_lookups if config.mode == "auto" and hvd.size() > 1 else None,
+        decide_lookups=decide_lookups,
+        engine=config.engine,
+        agree_max=agree_max,
     )
     if config.workload == "resnet50":
         from memdiag.workloads import resnet

@@ -23,7 +23,8 @@ class RunCommand:
                                  "duplicate rows, then allgather) | auto (the cheapest of the three, per tensor)")
         parser.add_argument("--engine", choices=ENGINES, default=HOROVOD,
                             help=f"what reduces the gradients: {HOROVOD} (default) or {TF_DISTRIBUTE} (TensorFlow's "
-                                 "MultiWorkerMirroredStrategy; scripts only, modes as-written, sparse, dense)")
+                                 "MultiWorkerMirroredStrategy; scripts and the transformer and mixed workloads, "
+                                 "modes as-written, sparse, dense, auto)")
         parser.add_argument("--out", help="run directory to create (default runs/NAME-MODE-nN-TIME)")
         add_launch_options(parser, default_steps=5)
 

@@ -12,12 +12,13 @@ from typing import Any, Callable, Mapping
 
 from memdiag import __version__, rundir
 from memdiag._errors import UserError
-from memdiag.agent.config import ENGINES, HOROVOD, TF_DISTRIBUTE, TF_DISTRIBUTE_MODES, AgentConfig
+from memdiag.agent.config import (ENGINES, HOROVOD, TF_DISTRIBUTE, TF_DISTRIBUTE_MODES, TF_DISTRIBUTE_WORKLOADS,
+                                  AgentConfig)
 from memdiag.collect import load_run
 from memdiag.launch import mpirun, ports
 from memdiag.launch.options import LaunchOptions
 from memdiag.policy import AS_WRITTEN, MODES
-from memdiag.workloads import check as check_workload
+from memdiag.workloads import WORKLOADS, check as check_workload
 
 
 @dataclass(frozen=True)
@@ -79,10 +80,12 @@ def validate(request: RunRequest) -> None:
 
 
 def _validate_tf_distribute(request: RunRequest) -> None:
-    """What --engine tf-distribute supports for now: a script, on one host, as written, sparse, dense or auto."""
-    if not request.is_script:
-        raise UserError(f"--engine {TF_DISTRIBUTE} runs a training script (a .py path) for now, not the built-in "
-                        f"workload {request.target!r}; use --engine {HOROVOD} for it")
+    """What --engine tf-distribute supports for now: a script or the transformer and mixed workloads, on
+    one host, as written, sparse, dense or auto. An unknown workload's name is check_workload's error."""
+    if not request.is_script and request.target in WORKLOADS and request.target not in TF_DISTRIBUTE_WORKLOADS:
+        raise UserError(f"--engine {TF_DISTRIBUTE} runs a training script or the workloads "
+                        f"{', '.join(TF_DISTRIBUTE_WORKLOADS)} for now, not {request.target}; use --engine "
+                        f"{HOROVOD} for it")
     if request.options.hosts:
         raise UserError(f"--engine {TF_DISTRIBUTE} runs on one host for now: --hosts is not supported with it")
     if request.mode not in TF_DISTRIBUTE_MODES:

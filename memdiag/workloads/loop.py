@@ -1,4 +1,10 @@
-"""The training loop shared by the built-in workloads: ordinary Horovod TF2 code plus step marks."""
+"""The training loop shared by the built-in workloads: ordinary TF2 code plus step marks.
+
+The loop itself uses no engine: the workload passes its own step (Horovod's, or
+tf.distribute.MultiWorkerMirroredStrategy's) and initial broadcast, and the context carries the
+agreement between ranks (:attr:`WorkloadContext.agree_max`). Whatever a rank decides that changes the
+step count is agreed, so that every rank runs the same steps and issues the same collectives.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from memdiag import rundir
+from memdiag.agent.config import HOROVOD
 
 
 @dataclass
@@ -29,6 +36,10 @@ class WorkloadContext:
     # auto on several ranks: decide for embedding tables from their first batch's ids before the step
     # is traced, [(variable, ids)] (every rank, the same tables in the same order)
     decide_lookups: Callable[[list[tuple[Any, Any]]], None] | None = None
+    engine: str = HOROVOD  # what reduces the gradients (memdiag.agent.config.ENGINES)
+    # The largest of every rank's value (every rank calls it, in the same order); None: Horovod's
+    # max-allreduce (memdiag.densify.agree_max_rows). The tf-distribute engine passes MPI's.
+    agree_max: Callable[[int], int] | None = None
 
 
 def parameter_digest(variables: list) -> str:
@@ -43,20 +54,21 @@ def train(
     ctx: WorkloadContext,
     variables: Callable[[], list],
     train_step: Callable[[int], Any],
-    broadcast: Callable[[], None],
+    broadcast: Callable[[], None] | None,
     items_per_step: int,
 ) -> None:
-    """Broadcast from rank 0, then ``ctx.steps`` steps; each step flushed with loss and digest.
+    """The set-up step -1 (the broadcast from rank 0; ``None``: MultiWorkerMirroredStrategy broadcast
+    worker 0's initial values when it created the variables), then ``ctx.steps`` steps; each step
+    flushed with loss and digest.
 
     Then, while the per-step peak of any rank has not settled (memdiag.analyze.steady's rule), up to
     ``ctx.max_warmup`` more steps: every rank takes part in the decision (one max-allreduce), so all
     run the same steps. The parameters compared between modes are saved after ``ctx.steps`` steps,
     whatever the warm-up added."""
-    import horovod.tensorflow as hvd  # noqa: F401  (initialised by the agent)
-
     tracer = ctx.tracer
     tracer.begin_step(-1)
-    broadcast()
+    if broadcast is not None:
+        broadcast()
     tracer.end_step(-1)
     if ctx.check_params:
         # Measured after the step's memory figures are taken, so its copies never count.
@@ -68,21 +80,25 @@ def train(
     if ctx.rank == 0 and ctx.run_dir is not None:
         save_parameters(os.path.join(ctx.run_dir, rundir.PARAMETERS), variables())
     step = ctx.steps
-    while step < ctx.steps + ctx.max_warmup and not _all_settled(tracer.step_peaks):
+    while step < ctx.steps + ctx.max_warmup and not _all_settled(tracer.step_peaks, ctx.agree_max):
         tracer.begin_step(step)
         loss = float(train_step(step))
         tracer.end_step(step, loss=loss, items=items_per_step, warmup=True)
         step += 1
 
 
-def _all_settled(peaks: list[int]) -> bool:
-    """Whether every rank's per-step peak has settled: one max-allreduce of "not yet" (memdiag's own,
-    under its recording hook), so that every rank runs the same steps."""
+def _all_settled(peaks: list[int], agree_max: Callable[[int], int] | None) -> bool:
+    """Whether every rank's per-step peak has settled: one max-reduction of "not yet" over the ranks
+    (memdiag's own, never recorded as the job's), so that every rank runs the same steps."""
     from memdiag.analyze.steady import steady_start
-    from memdiag.densify import agree_max_rows
 
     settled = len(peaks) >= 2 and steady_start(peaks)[1]
-    return agree_max_rows(0 if settled else 1, None, "warmup") == 0
+    not_yet = 0 if settled else 1
+    if agree_max is None:
+        from memdiag.densify import agree_max_rows
+
+        return agree_max_rows(not_yet, None, "warmup") == 0
+    return agree_max(not_yet) == 0
 
 
 def save_parameters(path: str, variables: list) -> None:

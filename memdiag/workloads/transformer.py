@@ -4,6 +4,13 @@ Source (and, untied, target) embedding lookups give IndexedSlices gradients, one
 occurrence. With ``tie_target_embedding`` the target embedding is also the output softmax matrix,
 and TF sums its lookup and matmul gradients into a dense tensor. The ``mixed`` variant adds a large,
 truly sparse side table (few lookups per rank), where densifying is the wrong choice.
+
+Two variants of the same training, one per engine (:func:`run` picks it from the context): Horovod's
+``DistributedGradientTape`` (gradients averaged over the ranks), or TensorFlow's own
+``MultiWorkerMirroredStrategy`` (one worker per rank, gradients summed by the optimizer's
+``apply_gradients``, so each worker's loss is divided by the number of workers). Both build the same
+model from the same seed, feed each rank its own ``Batches(config, seed, rank)`` and take the same
+optimizer steps, so their parameters agree to float rounding. The strategy variant imports no Horovod.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from memdiag.agent.config import TF_DISTRIBUTE
 from memdiag.workloads.configs import PRESETS, TransformerConfig, with_overrides
 from memdiag.workloads.data import ZipfTokens, batch_rng
 from memdiag.workloads.loop import WorkloadContext, train
@@ -162,13 +170,24 @@ class Batches:
 
 
 def run(ctx: WorkloadContext, workload: str = "transformer") -> None:
+    config = with_overrides(PRESETS[workload][ctx.preset], ctx.overrides)
+    if ctx.engine == TF_DISTRIBUTE:
+        _run_strategy(ctx, config)
+    else:
+        _run_horovod(ctx, config)
+
+
+def _optimizer(config: TransformerConfig) -> tf.keras.optimizers.Optimizer:
+    return tf.keras.optimizers.Adam(WarmupSchedule(config.d_model, config.warmup_steps),
+                                    beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+
+
+def _run_horovod(ctx: WorkloadContext, config: TransformerConfig) -> None:
     import horovod.tensorflow as hvd
 
-    config = with_overrides(PRESETS[workload][ctx.preset], ctx.overrides)
     tf.keras.utils.set_random_seed(ctx.seed)  # same initial parameters on every rank
     model = Transformer(config)
-    optimizer = tf.keras.optimizers.Adam(WarmupSchedule(config.d_model, config.warmup_steps),
-                                         beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+    optimizer = _optimizer(config)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     batches = Batches(config, ctx.seed, ctx.rank)
     source, target_in, _, side = batches(0)
@@ -204,5 +223,57 @@ def run(ctx: WorkloadContext, workload: str = "transformer") -> None:
         variables=lambda: model.trainable_variables,
         train_step=step,
         broadcast=lambda: hvd.broadcast_variables(model.variables, root_rank=0),
+        items_per_step=config.tokens_per_rank,
+    )
+
+
+def _run_strategy(ctx: WorkloadContext, config: TransformerConfig) -> None:
+    """The same training under tf.distribute.MultiWorkerMirroredStrategy (TF_CONFIG written by the
+    agent): model and optimizer built in the strategy's scope, which broadcasts worker 0's initial
+    values as it creates each variable; each step runs the replica step on this worker's own batch,
+    and ``apply_gradients`` sums the gradients over the workers through the strategy. The policy
+    (``--mode``) is applied where the strategy reduces them (memdiag.agent.hooks_tf); in ``auto`` it
+    decides when the step is traced, from every worker's rows, so nothing is decided here."""
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    tf.keras.utils.set_random_seed(ctx.seed)  # the same initial values as the Horovod variant
+    batches = Batches(config, ctx.seed, ctx.rank)
+    source, target_in, _, side = batches(0)
+    with strategy.scope():
+        model = Transformer(config)
+        optimizer = _optimizer(config)
+        model((source, target_in, side))
+        optimizer.build(model.trainable_variables)  # slots made here, not in a second trace
+    # Per token: a loss reduced over the batch inside a strategy's replica is Keras 2's error.
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    workers = strategy.num_replicas_in_sync
+
+    def replica_step(source, target_in, target_out, side):
+        with tf.GradientTape() as tape:
+            logits = model((source, target_in, side), training=True)
+            loss = tf.reduce_mean(loss_fn(target_out, logits))  # this worker's mean, as Horovod's variant
+            # MWMS sums the workers' gradients where Horovod averages them: each worker's mean is
+            # divided by the number of workers (the global batch's mean, as tf.nn.compute_average_loss
+            # scales a loss), so that the summed gradient is Horovod's average and both engines train
+            # the same model.
+            scaled = loss / workers
+        grads = tape.gradient(scaled, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    # One trace, without autograph, as the Horovod variant. The loss returned is this worker's own
+    # (the strategy's local result, no collective), as Horovod's variant records it.
+    @tf.function(autograph=False)
+    def train_step(source, target_in, target_out, side):
+        losses = strategy.run(replica_step, args=(source, target_in, target_out, side))
+        return strategy.experimental_local_results(losses)[0]
+
+    def step(k: int) -> float:
+        return train_step(*batches(k)).numpy()
+
+    train(
+        ctx,
+        variables=lambda: model.trainable_variables,
+        train_step=step,
+        broadcast=None,
         items_per_step=config.tokens_per_rank,
     )

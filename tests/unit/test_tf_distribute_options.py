@@ -46,8 +46,21 @@ def test_a_script_in_the_supported_modes_passes(script, mode):
     validate(RunRequest(script, 2, mode, engine="tf-distribute"))
 
 
+@pytest.mark.parametrize("target", ["transformer", "mixed"])
+@pytest.mark.parametrize("mode", [None, "as-written", "sparse", "dense", "auto"])
+def test_the_transformer_and_mixed_workloads_in_the_supported_modes_pass(target, mode):
+    request = RunRequest(target, 2, mode, LaunchOptions(preset="tiny", max_warmup=3), engine="tf-distribute")
+    validate(request)
+    config = agent_config(request, "abc", "run-dir")
+    assert config.workload == target and config.engine == "tf-distribute" and config.max_warmup == 3
+    assert config.mode == (mode or "sparse")  # a built-in workload's default: what its code does
+
+
 @pytest.mark.parametrize("target, mode, options, message", [
-    ("transformer", None, {}, "runs a training script"),
+    ("resnet50", None, {}, "not resnet50"),
+    ("transformer", "dedup", {}, "not dedup"),
+    ("mixed", None, {"hosts": "node1:1,node2:1"}, "--hosts is not supported"),
+    ("transformer", None, {"horovod_timeline": True}, "needs --engine horovod"),
     ("SCRIPT", "dedup", {}, "not dedup"),
     ("SCRIPT", None, {"hosts": "node1:1,node2:1"}, "--hosts is not supported"),
     ("SCRIPT", None, {"horovod_timeline": True}, "needs --engine horovod"),
@@ -144,3 +157,47 @@ def test_the_agent_writes_tf_config_from_the_ports_and_keeps_the_users(monkeypat
     monkeypatch.delenv("TF_CONFIG")
     monkeypatch.setenv("MEMDIAG_TF_PORTS", "41001")
     assert "1 port(s) for 2 rank(s)" in _write_tf_config(0, 2)["error"] and "TF_CONFIG" not in os.environ
+
+
+
+class _SettledRank:
+    """A rank whose per-step peak is flat (settled from its second step), as the tracer keeps them."""
+
+    def __init__(self) -> None:
+        self.step_peaks: list[int] = []
+        self.ran: list[int] = []
+        self.on_step_end: list = []
+
+    def begin_step(self, step: int) -> None:
+        pass
+
+    def end_step(self, step: int, **extra) -> None:
+        if step >= 0:
+            self.step_peaks.append(100 * 2**20)
+            self.ran.append(step)
+
+
+@pytest.mark.parametrize("other_settled, expected", [(True, [0, 1]), (False, [0, 1, 2, 3])])
+def test_a_workloads_warm_up_is_agreed_by_the_contexts_function_never_horovods(monkeypatch, other_settled, expected):
+    import sys
+    import types
+
+    from memdiag.workloads import loop
+
+    def horovod(*args):
+        raise AssertionError("Horovod's agreement used under --engine tf-distribute")
+
+    monkeypatch.setitem(sys.modules, "memdiag.densify", types.SimpleNamespace(agree_max_rows=horovod))
+    votes: list[int] = []
+
+    def agree_max(value: int) -> int:  # a stand-in for MPI's max over this worker and another
+        votes.append(value)
+        return max(value, 0 if other_settled else 1)
+
+    tracer = _SettledRank()
+    ctx = loop.WorkloadContext(tracer=tracer, rank=0, size=2, steps=2, seed=1, preset="tiny", overrides={},
+                               run_dir=None, check_params=False, max_warmup=2, engine="tf-distribute",
+                               agree_max=agree_max)
+    loop.train(ctx, variables=lambda: [], train_step=lambda step: 0.0, broadcast=None, items_per_step=1)
+    assert tracer.ran == expected  # the other worker's "not yet" adds steps here too, up to --max-warmup
+    assert votes and set(votes) == {0}  # this worker had settled: it voted 0 each time
