@@ -281,6 +281,9 @@ class EnginesVerdict(TypedDict, total=False):
     noise_bytes: float | None  # the larger of the engines' noise figures
     noise_source: str | None  # repeats (run-to-run) or ranks (the spread between one run's ranks)
     lead_beyond_noise: bool | None
+    best_by_engine: dict[str, EnginePeak]  # each engine's lowest peak at that N
+    engine_gap_bytes: float | None  # the other engine's lowest peak less the reference engine's
+    engine_gap_beyond_noise: bool | None
     gathered_bytes: dict[str, int]  # engine -> gathered bytes per rank and step in mode sparse at that N
     gathered_ratio: float | None  # the other engine's gathered bytes / the reference engine's
     padding_bytes: int | None  # the padding engine's zero rows per rank and step, mode sparse, at that N

@@ -555,7 +555,8 @@ def across_engines(order: Sequence[str], run_dirs: Mapping[str, Mapping[tuple[in
 def engines_verdict(order: Sequence[str], rows: Sequence[EngineRow], results: Mapping[str, Mapping[str, Any]],
                     summaries: Mapping[str, Mapping[tuple[int, str], dict[str, Any]]]) -> EnginesVerdict:
     """The figures of the verdict at the largest rank count: every (engine, mode) peak, lowest first,
-    the lowest's lead against the noise (the larger of the engines'), the gathered bytes of each
+    the lowest's lead and the gap between the engines' lowest peaks against the noise (the larger of
+    the engines'), the gathered bytes of each
     engine's sparse run, MWMS's padding and whether every worker had the same rows, and whether the
     measured gathered bytes equal the formula's."""
     done = [r for r in rows if r["status"] == "ok" and r.get("peak_rss_bytes_max")]
@@ -564,6 +565,11 @@ def engines_verdict(order: Sequence[str], rows: Sequence[EngineRow], results: Ma
     peaks: list[EnginePeak] = [{"engine": r["engine"], "mode": r["mode"], "peak_rss_bytes": r["peak_rss_bytes_max"] or 0}
                                for r in at]
     lead = peaks[1]["peak_rss_bytes"] - peaks[0]["peak_rss_bytes"] if len(peaks) >= 2 else None
+    best: dict[str, EnginePeak] = {}
+    for p in peaks:  # lowest first: the first of each engine is its best
+        best.setdefault(p["engine"], p)
+    ranked = [best[e] for e in order if e in best]
+    gap = ranked[1]["peak_rss_bytes"] - ranked[0]["peak_rss_bytes"] if len(ranked) >= 2 else None
     measured = [res for res in results.values() if res.get("noise_bytes") is not None]
     noise_bytes = max((res["noise_bytes"] for res in measured), default=None)
     sources = {res.get("noise_source") for res in measured}
@@ -594,6 +600,9 @@ def engines_verdict(order: Sequence[str], rows: Sequence[EngineRow], results: Ma
         "noise_bytes": noise_bytes,
         "noise_source": None if not sources else ("repeats" if sources == {"repeats"} else "ranks"),
         "lead_beyond_noise": None if lead is None or noise_bytes is None else lead > noise_bytes,
+        "best_by_engine": best,
+        "engine_gap_bytes": gap,
+        "engine_gap_beyond_noise": None if gap is None or noise_bytes is None else abs(gap) > noise_bytes,
         "gathered_bytes": gathered,
         "gathered_ratio": ratio,
         "padding_bytes": padded[0]["padding_bytes_per_rank"] if padded else None,

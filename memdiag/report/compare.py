@@ -261,6 +261,15 @@ def engines_sentence(result: dict[str, Any]) -> str:
         if rest:
             text += "; then " + ", ".join(rest)
     text += "."
+    ranked = [b for e in result.get("engine_order", []) if (b := (v.get("best_by_engine") or {}).get(e))]
+    if len(ranked) >= 2 and v.get("engine_gap_bytes") is not None:
+        gap = v["engine_gap_bytes"]
+        text += (f" The lowest of {ranked[1]['engine']} ({ranked[1]['mode']}, "
+                 f"{format_bytes(ranked[1]['peak_rss_bytes'])}) is {format_bytes(abs(gap))} "
+                 f"{'above' if gap >= 0 else 'below'} the lowest of {ranked[0]['engine']}")
+        if v.get("engine_gap_beyond_noise") is not None:
+            text += ", beyond the noise" if v["engine_gap_beyond_noise"] else ", within noise"
+        text += "."
     gathered = v.get("gathered_bytes") or {}
     order = [e for e in result.get("engine_order", []) if e in gathered]
     if len(order) >= 2:

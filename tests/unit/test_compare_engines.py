@@ -268,12 +268,19 @@ def test_the_verdict_names_the_lowest_reduction_its_lead_and_that_it_is_beyond_t
     assert ("In mode sparse tf-distribute gathered 136 KiB per rank per step, horovod 136 KiB (1.00x); "
             "tf-distribute's padding was 0 B because every worker had the same rows (256 per tensor).") in text
     assert "Gathered bytes equal the formula's on horovod and tf-distribute." in text
+    # the engines' own lowest peaks: MWMS's dense 950 MiB against Horovod's dense 900 MiB
+    assert v["engine_gap_bytes"] == 50 * MiB and v["engine_gap_beyond_noise"] is True
+    assert "The lowest of tf-distribute (dense, 950 MiB) is 50 MiB above the lowest of horovod, beyond the noise." \
+        in text
 
 
 def test_a_lead_no_larger_than_the_noise_is_called_within_noise(tmp_path):
     result = write_comparison(tmp_path, peaks={(4, TFD, "dense"): 905})
     assert result["verdict"]["lead_bytes"] == 5 * MiB and result["verdict"]["lead_beyond_noise"] is False
-    assert "5 MiB below tf-distribute dense, within noise (10 MiB): level" in flat(render(result))
+    text = flat(render(result))
+    assert "5 MiB below tf-distribute dense, within noise (10 MiB): level" in text
+    assert result["verdict"]["engine_gap_beyond_noise"] is False
+    assert "The lowest of tf-distribute (dense, 905 MiB) is 5 MiB above the lowest of horovod, within noise." in text
 
 
 # -- correctness -----------------------------------------------------------------------------------------
