@@ -48,6 +48,7 @@ from memdiag.densify import UNKNOWN_ROWS, row_shape, sparse_shape
 from memdiag.formula import SparseGradientShape, padding_bytes
 from memdiag.policy import Decision, decide
 from memdiag.units import format_bytes
+from memdiag.workloads.loop import save_parameters, variable_name
 
 ENGINE = "tf-distribute"
 # The policy's reasons, said of MWMS (which has no sparse_as_dense: it always gathers an IndexedSlices).
@@ -161,11 +162,16 @@ class StrategyHooks(CollectiveHooks):
         def all_reduce_sum_gradients(optimizer, grads_and_vars):
             pairs = list(grads_and_vars)
             known = [(g, v) for g, v in pairs if g is not None and v is not None]
+            # The variables here are TensorFlow's, named by their last part ("transformer/kernel:0" for
+            # every kernel of a model): named instead by the path of the optimizer's Keras variable that
+            # holds each, as the workloads save them.
+            paths = {id(keras_variable.value): variable_name(keras_variable)
+                     for keras_variable in getattr(optimizer, "_trainable_variables", ())}
             # The gradients cross to the strategy's reduction as the same objects (perhaps in another
             # thread): a process-wide map by id, holding the gradient so that its id is not reused.
             with self._lock:
                 for g, v in known:
-                    self._front[id(g)] = (g, _var_name(v), v)
+                    self._front[id(g)] = (g, paths.get(id(v)) or _var_name(v), v)
             try:
                 return original(optimizer, pairs)
             finally:
@@ -375,6 +381,13 @@ class StrategyHooks(CollectiveHooks):
         from mpi4py import MPI
 
         return [int(r) for r in MPI.COMM_WORLD.allgather(int(rows))]
+
+    def save_variables(self, path: str) -> None:
+        """The captured variables' current values, under the names the hooks gave them (under Keras 3,
+        their Keras paths: TensorFlow's own names repeat)."""
+        names = sorted(self.variables)
+        with tf.init_scope():
+            save_parameters(path, [self.variables[name] for name in names], names)
 
     def _parameters_before_first_update(self) -> None:
         if self._initial_recorded or not self.variables:

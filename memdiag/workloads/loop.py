@@ -101,8 +101,19 @@ def _all_settled(peaks: list[int], agree_max: Callable[[int], int] | None) -> bo
     return agree_max(not_yet) == 0
 
 
-def save_parameters(path: str, variables: list) -> None:
-    arrays = {f"{i:04d}:{var.name}": var.numpy() for i, var in enumerate(variables)}
+def variable_name(var: Any) -> str:
+    """A variable's name, unique in its model: TensorFlow's (under Keras 2, its layers' path and ":0").
+    A Keras 3 variable's own name is its last part only ("kernel", and TensorFlow's "transformer/kernel:0"
+    repeats too), so it is named by its path, in Keras 2's form."""
+    path = getattr(var, "path", None)  # Keras 3's; TensorFlow's variables have none
+    return f"{path}:0" if isinstance(path, str) else var.name
+
+
+def save_parameters(path: str, variables: list, names: list[str] | None = None) -> None:
+    """``variables`` to ``path`` as "INDEX:NAME" arrays, named by :func:`variable_name` unless ``names``
+    says otherwise."""
+    names = [variable_name(var) for var in variables] if names is None else names
+    arrays = {f"{i:04d}:{name}": var.numpy() for i, (name, var) in enumerate(zip(names, variables, strict=True))}
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
         np.savez(f, **arrays)
