@@ -505,10 +505,10 @@ def predicted_gathered(summary: Mapping[str, Any], world_size: int) -> int | Non
     """Bytes per rank and step the formula gives for the tensors the run gathered, from the policy
     records' shapes (the most rows of any rank: exact for MWMS's padded gathers and for equal rows
     under Horovod; merged, the bound N x U_max). None when no record has shapes."""
+    if world_size == 1:
+        return 0  # one rank runs no collective: neither engine reduces anything (nor records a policy)
     if not any(p.get("rows_per_rank") is not None for p in summary.get("policy", [])):
         return None
-    if world_size == 1:
-        return 0  # one rank runs no collective: neither engine reduces anything
     total = 0
     for p in _gathered_policies(summary):
         if p["decision"] == "dedup":

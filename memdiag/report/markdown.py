@@ -9,6 +9,10 @@ from memdiag.report.terminal import common_scope, short_name
 from memdiag.units import format_bytes
 
 
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -72,12 +76,12 @@ def engines_markdown(result: dict[str, Any]) -> str:
         check = ("reduction check passed: " + str(reduction["passed"])) if reduction else \
             "no reduction check (it exists for Horovod only)"
         lines.append(f"- {engine}: correctness passed: {each['passed']} (modes against sparse: max abs diff "
-                     f"{each['max_abs_diff']}, max rel diff {each['max_rel_diff']}); {check}")
+                     f"{_num(each['max_abs_diff'])}, max rel diff {_num(each['max_rel_diff'])}); {check}")
     compared = [x for x in c.get("across_engines", []) if x["passed"] is not None]
     if compared:
         worst = max(compared, key=lambda x: x["max_abs_diff"] or 0.0)
         lines.append(f"- across engines (same N and mode): passed: {c['across_engines_passed']} (max abs diff "
-                     f"{worst['max_abs_diff']} at N={worst['world_size']} {worst['mode']}; rtol {c['rtol']:g}, "
+                     f"{_num(worst['max_abs_diff'])} at N={worst['world_size']} {worst['mode']}; rtol {c['rtol']:g}, "
                      f"atol {c['atol']:g} and rounding's share of each variable's update)")
     title = f"{result['workload']}" + (f" ({result['preset']})" if result.get("preset") else "")
     return (f"## compare sparse-vs-dense --engine both: {title}\n\n{engines_sentence(result)}\n\n{rows}\n\n"
