@@ -243,7 +243,8 @@ def _run_strategy(ctx: WorkloadContext, config: TransformerConfig) -> None:
         optimizer = _optimizer(config)
         model((source, target_in, side))
         optimizer.build(model.trainable_variables)  # slots made here, not in a second trace
-    # Per token: a loss reduced over the batch inside a strategy's replica is Keras 2's error.
+    # Keras 2 refuses a loss reduced over the batch inside a strategy's replica: per token here,
+    # averaged in the replica step.
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
     workers = strategy.num_replicas_in_sync
 
@@ -254,7 +255,7 @@ def _run_strategy(ctx: WorkloadContext, config: TransformerConfig) -> None:
             # MWMS sums the workers' gradients where Horovod averages them: each worker's mean is
             # divided by the number of workers (the global batch's mean, as tf.nn.compute_average_loss
             # scales a loss), so that the summed gradient is Horovod's average and both engines train
-            # the same model.
+            # the same model (at 2 workers bitwise: halving is exact; docs/tf-distribute.md).
             scaled = loss / workers
         grads = tape.gradient(scaled, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
