@@ -305,4 +305,5 @@ class CrossEngineCheck(TypedDict, total=False):
     loss_max_rel_diff: float | None
     update_allowance: float | None
     terms: int | None
+    worst_variable: str | None  # the variable with the largest |diff|
     note: str

@@ -545,7 +545,9 @@ def across_engines(order: Sequence[str], run_dirs: Mapping[str, Mapping[tuple[in
                 "world_size": n, "mode": mode, "engine": engine, "against_engine": reference,
                 "passed": found["passed"], "max_abs_diff": found["max_abs_diff"], "max_rel_diff": found["max_rel_diff"],
                 "loss_max_rel_diff": found["loss_max_rel_diff"], "update_allowance": found.get("update_allowance"),
-                "terms": found.get("terms")}
+                "terms": found.get("terms"),
+                "worst_variable": max(found["variables"], key=lambda d: d["max_abs_diff"])["name"]
+                if found["variables"] else None}
             if found.get("note"):
                 check["note"] = found["note"]
             checks.append(check)

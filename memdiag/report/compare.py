@@ -363,8 +363,9 @@ def engines_details(result: dict[str, Any]) -> Text:
                     + (f", + {allowance:.2g} of each variable's largest update" if allowance else "") + ")\n")
         for check in compared:
             if check["passed"] is False:
-                text.append(f"  N={check['world_size']} {check['mode']}: max |diff| {_num(check['max_abs_diff'])}, "
-                            f"loss rel diff {_num(check['loss_max_rel_diff'])}\n", style="red")
+                text.append(f"  N={check['world_size']} {check['mode']}: max |diff| {_num(check['max_abs_diff'])} "
+                            f"in {check.get('worst_variable')}, loss rel diff {_num(check['loss_max_rel_diff'])}\n",
+                            style="red")
     for note in sorted({check["note"] for check in across if check.get("note")}):
         text.append(f"Across engines: {note}\n", style="yellow")
     for phrase in describe_memory_environment(result.get("memory_environment") or {}):
