@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from memdiag.workloads.configs import PRESETS
-from tests.helpers import ROOT, read_json, read_records
+from tests.helpers import PYTHON, ROOT, read_json, read_records
 
 pytestmark = [pytest.mark.mpi, pytest.mark.tfdist]
 
@@ -62,7 +61,7 @@ def test_the_presets_are_the_shapes_the_figures_were_worked_out_for():
     assert (mixed.side_vocab_size, mixed.side_lookups_per_rank, mixed.side_embedding_size) == (20_000, 64, 0)
 
 
-def _run(runs_root, name, workload, *extra, python=sys.executable, pythonpath=None, steps=STEPS):
+def _run(runs_root, name, workload, *extra, python=PYTHON, pythonpath=None, steps=STEPS):
     out = runs_root / name
     env = {**os.environ, "COLUMNS": "160"}
     if pythonpath:
@@ -172,6 +171,11 @@ def test_dense_and_sparse_end_with_the_same_parameters_within_rounding(sparse, d
     # rounding of the parameter at most: two steps of float32 at the largest parameters (the layer
     # norms' scales, near 1) are 2.4e-7. Three steps move every parameter by about 1.06e-3.
     tolerance = 2.4e-7
+    [start] = _records(sparse, 0, "start")
+    if start["versions"]["keras"].startswith("3."):  # make test-tf-latest
+        pytest.skip("Keras 3's Adam sums the squares of an IndexedSlices' repeated rows into its second moment "
+                    "where the dense gradient gives the square of their sum: its sparse and dense runs train "
+                    "apart (docs/tf-distribute.md)")
     a, b = _by_name(sparse / "params.npz"), _by_name(dense / "params.npz")
     initial = _by_name(sparse / "params_initial.npz")
     assert sorted(a) == sorted(b) == sorted(initial) and len(a) == 32
