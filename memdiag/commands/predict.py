@@ -18,6 +18,9 @@ class PredictCommand:
         parser.add_argument("--modes", default="sparse,dense,auto")
         parser.add_argument("--fit-max-ranks", type=int, default=None, metavar="N",
                             help="fit only from runs with at most N ranks (to check a prediction against a larger run)")
+        parser.add_argument("--engine", default=None,
+                            help="the engine whose runs to fit, for a comparison made with --engine both "
+                                 "(horovod or tf-distribute; default: the one engine the runs used)")
         parser.add_argument("--format", choices=("text", "json"), default="text")
 
     def run(self, args: argparse.Namespace, script_args: list[str]) -> int:
@@ -26,7 +29,7 @@ class PredictCommand:
         from memdiag.report.predict import print_prediction
         from memdiag.units import parse_rank_list, parse_size
 
-        summaries = load_summaries(args.run_dir)
+        summaries = of_one_engine(load_summaries(args.run_dir), args.engine, args.run_dir)
         ranks = parse_rank_list(args.ranks, "--ranks")
         budget = parse_size(args.mem_per_rank, "--mem-per-rank") if args.mem_per_rank else None
         fitted = [s for s in summaries if args.fit_max_ranks is None or s["world_size"] <= args.fit_max_ranks]
@@ -47,6 +50,23 @@ class PredictCommand:
         else:
             print_prediction(table, Console())
         return 0
+
+
+def of_one_engine(summaries: list[dict], engine: str | None, path: str) -> list[dict]:
+    """The runs of one engine: Horovod's and MultiWorkerMirroredStrategy's buffers differ (a comparison
+    made with --engine both holds both), so one model is never fitted to a mix of them."""
+    from memdiag._errors import UserError
+
+    engines = sorted({s.get("engine", "horovod") for s in summaries})
+    if engine is None:
+        if len(engines) > 1:
+            raise UserError(f"{path} holds runs of the engines {' and '.join(engines)}: choose one with "
+                            f"--engine {engines[0]} or --engine {engines[1]}")
+        return summaries
+    chosen = [s for s in summaries if s.get("engine", "horovod") == engine]
+    if not chosen:
+        raise UserError(f"--engine {engine}: {path} holds runs of {', '.join(engines)} only; choose one of them")
+    return chosen
 
 
 def load_summaries(path: str) -> list[dict]:
