@@ -200,7 +200,14 @@ def _parameter_check(n: int, mode: str, reference_mode: str, ref_dir: str, run_d
     diffs = verify.compare_parameters(verify.load_parameters(ref_params), verify.load_parameters(params),
                                       initial=initial, terms=terms)
     losses = verify.compare_losses(_losses(ref), _losses(other))
-    return {**base, "passed": all(d.passed for d in diffs) and losses <= verify.RTOL,
+    passed = all(d.passed for d in diffs) and losses <= verify.RTOL
+    keras = str((other.get("versions") or {}).get("keras") or "")
+    if not passed and keras.startswith("3.") and "dense" in (mode, reference_mode):
+        # Measured (docs/tf-distribute.md): not the reduction, the optimizer. A failure is still a failure.
+        base["note"] = (f"under Keras {keras} the optimizer applies an IndexedSlices with repeated rows otherwise "
+                        "than its dense sum (Adam's second moment adds each row's square, not the square of "
+                        "their sum; docs/tf-distribute.md): sparse and dense train apart whatever the reduction")
+    return {**base, "passed": passed,
             "max_abs_diff": max((d.max_abs_diff for d in diffs), default=0.0),
             "max_rel_diff": max((d.max_rel_diff for d in diffs), default=0.0),
             "loss_max_rel_diff": losses, "variables": [d.__dict__ for d in diffs],

@@ -333,6 +333,8 @@ def summarize(run: Run) -> dict[str, Any]:
         "reduction_checks": checks,
         "distinct_rows": distinct_rows_summary(run),
         "engine": m.get("engine", "horovod"),
+        # What the first rank to start ran on (TensorFlow, Keras, Horovod, MPI), from its start record.
+        "versions": next((r.start.get("versions", {}) for _, r in sorted(run.ranks.items()) if r.start), {}),
         "padding": padding_summary(run),  # tf-distribute: MWMS's zero rows per tensor
         "failure": diagnose(run),
         "warnings": list(run.warnings),
