@@ -538,10 +538,15 @@ class StrategyHooks(CollectiveHooks):
 
 
 def _pack_label(members: list[StrategyOrigin]) -> StrategyOrigin:
-    """One all-reduce of several tensors concatenated (MWMS's pack, in a graph)."""
-    return StrategyOrigin("+".join(m.name for m in members), sparse=any(m.sparse for m in members),
+    """One all-reduce of several tensors concatenated (MWMS's pack, in a graph). Named by its first member
+    and the count of the others, the count last: a name shortened from the left, as reports shorten
+    names, still says it is a pack (the members' names joined read as one tensor there, and ran to
+    kilobytes); ``members`` keeps every name."""
+    names = [m.name for m in members]
+    name = names[0] if len(names) == 1 else f"{names[0]} and {len(names) - 1} more (pack)"
+    return StrategyOrigin(name, sparse=any(m.sparse for m in members),
                           densified=any(m.densified for m in members), gradient=any(m.gradient for m in members),
-                          reduce_op=members[0].reduce_op, stage="pack", members=[m.name for m in members])
+                          reduce_op=members[0].reduce_op, stage="pack", members=names)
 
 
 def _value_name(prefix: str, index: int | None, value: Any) -> str:
