@@ -174,25 +174,73 @@ def _watch(config: AgentConfig, tracer: Tracer, writer: RecordWriter, sampler: M
 
 
 def _write_tf_config(rank: int, size: int) -> dict[str, Any]:
-    """TF_CONFIG for worker ``rank`` of ``size``, at ``localhost`` on the ports the launcher chose
-    (``MEMDIAG_TF_PORTS``); a TF_CONFIG already in the environment is the user's and is kept.
+    """TF_CONFIG for worker ``rank`` of ``size``: at ``localhost`` on the ports the launcher chose
+    (``MEMDIAG_TF_PORTS``, one host), or, with ``--hosts`` (``MEMDIAG_TF_PORTS=ranks``), at the addresses
+    and ports the ranks chose and exchanged (:func:`_gather_tf_cluster`); a TF_CONFIG already in the
+    environment is the user's and is kept.
     Returns what the start record says of it (``error``: why none could be written)."""
     import json
 
     from memdiag.launch import ports
 
+    gathered: tuple[list[str], dict[str, Any]] | str | None = None
+    if os.environ.get(ports.ENV) == ports.RANKS:
+        # Every rank takes part, a user's TF_CONFIG or not: mpirun may hand it to some hosts' ranks only.
+        try:
+            gathered = _gather_tf_cluster(rank, size)
+        except ValueError as exc:
+            gathered = str(exc)
     if os.environ.get("TF_CONFIG"):
         return {"source": "environment", "value": os.environ["TF_CONFIG"]}
-    try:
-        chosen = ports.decode(os.environ.get(ports.ENV, ""))
-    except ValueError as exc:
-        return {"error": str(exc)}
-    if len(chosen) != size:
-        return {"error": f"{ports.ENV} gives {len(chosen)} port(s) for {size} rank(s): run through `memdiag run`"}
-    value = json.dumps({"cluster": {"worker": [f"localhost:{p}" for p in chosen]},
-                        "task": {"type": "worker", "index": rank}})
+    chosen: dict[str, Any] = {}
+    if isinstance(gathered, str):
+        return {"error": gathered}
+    if gathered is not None:
+        workers, chosen = gathered
+    else:
+        try:
+            launcher_ports = ports.decode(os.environ.get(ports.ENV, ""))
+        except ValueError as exc:
+            return {"error": str(exc)}
+        if len(launcher_ports) != size:
+            return {"error": f"{ports.ENV} gives {len(launcher_ports)} port(s) for {size} rank(s): run through "
+                             "`memdiag run`"}
+        workers = [f"localhost:{p}" for p in launcher_ports]
+        chosen = {"ports_by": "launcher"}
+    value = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}})
     os.environ["TF_CONFIG"] = value
-    return {"source": "memdiag", "value": value}
+    return {"source": "memdiag", "value": value, **chosen}
+
+
+def _gather_tf_cluster(rank: int, size: int) -> tuple[list[str], dict[str, Any]]:
+    """``--hosts``: this rank's address (:func:`memdiag.launch.ports.own_address`) and a free port of its
+    own host, exchanged with every rank's in one MPI allgather (mpi4py, before TensorFlow), the port held
+    until every rank has chosen, so that ranks sharing a host choose distinct ones. Returns the workers
+    ``ADDR:PORT`` in rank order and what the start record says of this rank's choice; ValueError (the
+    same on every rank) when a rank found no address."""
+    from mpi4py import MPI
+
+    from memdiag.launch import ports
+
+    with ports.hold_free_port() as port:
+        try:
+            address, how = ports.own_address()
+            mine: tuple[str | None, int, str] = (address, port, how)
+        except ValueError as exc:
+            mine = (None, port, str(exc))
+        everyone = MPI.COMM_WORLD.allgather(mine)
+    if len(everyone) != size:
+        raise ValueError(f"MPI has {len(everyone)} rank(s), the job {size}")
+    failed = [(r, how) for r, (address, _, how) in enumerate(everyone) if address is None]
+    if failed:
+        r, reason = failed[0]
+        raise ValueError(f"rank {r}: {reason}")
+    workers = [f"[{a}]:{p}" if ":" in str(a) else f"{a}:{p}" for a, p, _ in everyone]
+    if len(set(workers)) != size:
+        raise ValueError(f"the workers chose the same address and port twice ({', '.join(workers)}): set "
+                         f"{ports.ADDRESS_ENV} to an address on the network the workers share")
+    return workers, {"ports_by": "ranks", "address": everyone[rank][0], "port": everyone[rank][1],
+                     "address_from": everyone[rank][2]}
 
 
 def _run_with_strategy(config: AgentConfig, tracer: Tracer, writer: RecordWriter, rank: int, spool: str,
@@ -268,7 +316,11 @@ def _strategy_start_record(config: AgentConfig, extended: Any, tf_config: dict[s
         "mode": config.mode,
         "versions": versions,
         "cpu_count": os.cpu_count(),
-        "tf_config": {"source": source, "value": current},
+        "tf_config": {"source": source, "value": current,
+                      # who chose the ports: the launcher (one host), or each rank (--hosts: its own
+                      # address, how it found it, and its port)
+                      **({key: tf_config[key] for key in ("ports_by", "address", "port", "address_from")
+                          if key in tf_config} if source == "memdiag" else {})},
     }
 
 

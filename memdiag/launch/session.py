@@ -81,13 +81,11 @@ def validate(request: RunRequest) -> None:
 
 def _validate_tf_distribute(request: RunRequest) -> None:
     """What --engine tf-distribute supports for now: a script or the transformer and mixed workloads, on
-    one host, as written, sparse, dense or auto. An unknown workload's name is check_workload's error."""
+    one host or --hosts, as written, sparse, dense or auto. An unknown workload's name is check_workload's error."""
     if not request.is_script and request.target in WORKLOADS and request.target not in TF_DISTRIBUTE_WORKLOADS:
         raise UserError(f"--engine {TF_DISTRIBUTE} runs a training script or the workloads "
                         f"{', '.join(TF_DISTRIBUTE_WORKLOADS)} for now, not {request.target}; use --engine "
                         f"{HOROVOD} for it")
-    if request.options.hosts:
-        raise UserError(f"--engine {TF_DISTRIBUTE} runs on one host for now: --hosts is not supported with it")
     if request.mode not in TF_DISTRIBUTE_MODES:
         raise UserError(f"--engine {TF_DISTRIBUTE} supports --mode {', '.join(TF_DISTRIBUTE_MODES)} for now, "
                         f"not {request.mode}")
@@ -240,10 +238,18 @@ def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None) 
     if options.horovod_timeline:
         extra_env["HOROVOD_TIMELINE"] = os.path.join(os.path.abspath(out), rundir.HOROVOD_TIMELINE)
     if request.engine == TF_DISTRIBUTE:
-        # One gRPC port per worker, all on this host; the agents write TF_CONFIG from them.
-        chosen = ports.free_ports(request.world_size)
-        extra_env[ports.ENV] = ports.encode(chosen)
-        manifest["tf_ports"] = chosen
+        if options.hosts:
+            # Free ports of other hosts are unknown here: each rank chooses its own port and address, and
+            # the ranks exchange them (their start records' tf_config says what each chose).
+            extra_env[ports.ENV] = ports.RANKS
+            manifest["tf_ports"] = None
+            manifest["tf_ports_by"] = "ranks"
+        else:
+            # One gRPC port per worker, all on this host; the agents write TF_CONFIG from them.
+            chosen = ports.free_ports(request.world_size)
+            extra_env[ports.ENV] = ports.encode(chosen)
+            manifest["tf_ports"] = chosen
+            manifest["tf_ports_by"] = "launcher"
         rundir.write_json(manifest_path, manifest)
     launch = mpirun.Launch(request.world_size, [config.encode()], hosts=options.hosts,
                            timeout_s=options.timeout_s, extra_env=extra_env)

@@ -1,8 +1,9 @@
 """The multi-host path on one machine: ranks on two simulated hosts (tests/hosts), no shared /tmp, and
 the run directory visible to the launching host only (``--spool local``).
 
-Real mpirun, real Horovod. Skipped, with the reason, where a host's namespaces cannot be created; run
-them alone with
+Real mpirun, real Horovod (and one run of TensorFlow's MultiWorkerMirroredStrategy, ``--engine
+tf-distribute``, whose ranks exchange their own addresses and ports). Skipped, with the reason, where a
+host's namespaces cannot be created; run them alone with
 
     .venv/bin/python -m pytest tests/integration/test_multihost.py
 """
@@ -201,3 +202,47 @@ def test_a_scaling_study_reads_the_placement_of_each_rank_count(cluster):
     assert json.loads((out / "n2" / "run.json").read_text())["placement"] == ["hostA", "hostA"]
     left = cluster.left_in_tmp(report, {"hostA"})
     assert left.get("hostA") == [] and all(entries == [] for entries in left.values()), left
+
+
+MWMS_SCRIPT = Path(__file__).resolve().parent.parent.parent / "examples" / "user_mwms_embedding.py"
+# Worked out by hand: worker r looks up 1000 + 500 r rows of a 256-wide float32 table (1024 B a row) with
+# int32 ids (4 B); MWMS pads every worker's rows to the longest (2500 at N=4), so each worker receives
+# N x max x (row + index) = 4 x 2500 x 1028 B per step in the values and indices gathers.
+MWMS_GATHERED = 4 * 2500 * 1028  # 10,280,000
+
+
+@pytest.mark.tfdist
+def test_mwms_across_two_hosts_exchanges_the_ranks_addresses_and_ports(cluster):
+    # WHEN a user's MultiWorkerMirroredStrategy script runs on two simulated hosts, records spooled locally
+    out = cluster.runs / "mwms-n4"
+    result, report = cluster.memdiag("run", str(MWMS_SCRIPT), "-n", "4", "--engine", "tf-distribute",
+                                     "--hosts", HOSTS, "--spool", "local", "--timeout", "300", "--out", str(out),
+                                     "--", "--steps", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    manifest = read_json(out / "run.json")
+    assert manifest["status"] == "ok" and manifest["rank_status"] == {str(r): "ok" for r in range(4)}
+    # THEN the ports were the ranks' own, not the launcher's
+    assert manifest["tf_ports"] is None and manifest["tf_ports_by"] == "ranks"
+    workers = None
+    for rank in range(4):
+        records = read_records(out / f"rank-{rank}.jsonl")
+        start = next(r for r in records if r["type"] == "start")
+        assert start["host"] == manifest["placement"][rank] and start["size"] == 4
+        tf_config = start["tf_config"]
+        assert tf_config["source"] == "memdiag" and tf_config["ports_by"] == "ranks"
+        value = json.loads(tf_config["value"])
+        # every rank wrote the same worker list, 4 distinct ADDR:PORT, its own entry at its own index
+        assert value["task"] == {"type": "worker", "index": rank}
+        workers = workers or value["cluster"]["worker"]
+        assert value["cluster"]["worker"] == workers and len(set(workers)) == 4
+        assert workers[rank] == f"{tf_config['address']}:{tf_config['port']}"
+        assert all(w.rpartition(":")[0] and not w.startswith("localhost") for w in workers)
+        # every step's records delivered, and MWMS's padded gathers of values and indices
+        assert [r["step"] for r in records if r["type"] == "step"] == [-1, 0, 1]
+        assert records[-1]["type"] == "end" and records[-1]["status"] == "ok"
+        for step in (0, 1):
+            gathered = sum(r["bytes_out"] for r in records if r["type"] == "collective" and r["step"] == step
+                           and r["op"] == "allgather" and r.get("stage") in ("values", "indices"))
+            assert gathered == MWMS_GATHERED, (rank, step, gathered)
+    left = assert_nothing_left(cluster, report, manifest["run_id"])
+    assert all(e.startswith(AUTOGRAPH) for entries in left.values() for e in entries), left

@@ -59,10 +59,8 @@ def test_the_transformer_and_mixed_workloads_in_the_supported_modes_pass(target,
 @pytest.mark.parametrize("target, mode, options, message", [
     ("resnet50", None, {}, "not resnet50"),
     ("transformer", "dedup", {}, "not dedup"),
-    ("mixed", None, {"hosts": "node1:1,node2:1"}, "--hosts is not supported"),
     ("transformer", None, {"horovod_timeline": True}, "needs --engine horovod"),
     ("SCRIPT", "dedup", {}, "not dedup"),
-    ("SCRIPT", None, {"hosts": "node1:1,node2:1"}, "--hosts is not supported"),
     ("SCRIPT", None, {"horovod_timeline": True}, "needs --engine horovod"),
 ])
 def test_what_the_engine_does_not_support_yet_is_a_one_line_error(script, target, mode, options, message):
@@ -70,6 +68,12 @@ def test_what_the_engine_does_not_support_yet_is_a_one_line_error(script, target
     with pytest.raises(UserError, match=message) as exc:
         validate(RunRequest(target, 2, mode, LaunchOptions(**options), engine="tf-distribute"))
     assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("target", ["SCRIPT", "transformer", "mixed"])
+def test_hosts_pass_with_the_engine(script, target):
+    validate(RunRequest(script if target == "SCRIPT" else target, 4, None,
+                        LaunchOptions(preset="tiny", hosts="node1:2,node2:2"), engine="tf-distribute"))
 
 
 def test_free_ports_are_distinct_and_free():
@@ -145,7 +149,7 @@ def test_the_agent_writes_tf_config_from_the_ports_and_keeps_the_users(monkeypat
     monkeypatch.delenv("TF_CONFIG", raising=False)
     monkeypatch.setenv("MEMDIAG_TF_PORTS", "41001,41002")
     written = _write_tf_config(1, 2)
-    assert written["source"] == "memdiag"
+    assert written["source"] == "memdiag" and written["ports_by"] == "launcher"
     assert json.loads(written["value"]) == {"cluster": {"worker": ["localhost:41001", "localhost:41002"]},
                                             "task": {"type": "worker", "index": 1}}
     assert json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1
@@ -201,3 +205,137 @@ def test_a_workloads_warm_up_is_agreed_by_the_contexts_function_never_horovods(m
     loop.train(ctx, variables=lambda: [], train_step=lambda step: 0.0, broadcast=None, items_per_step=1)
     assert tracer.ran == expected  # the other worker's "not yet" adds steps here too, up to --max-warmup
     assert votes and set(votes) == {0}  # this worker had settled: it voted 0 each time
+
+
+# --hosts: each rank's own address and port (memdiag.launch.ports), exchanged by the agent.
+URI = "355991552.0;tcp://10.1.2.3,172.17.0.1:45123;tcp6://[fd00::2]:54529"
+
+
+def test_the_addresses_of_mpiruns_contact_uri_are_read_in_order():
+    assert ports.hnp_addresses(URI) == ["10.1.2.3", "172.17.0.1"]
+    assert ports.hnp_addresses("355991552.0;tcp://192.0.2.2:46533;tcp6://[fd00::2]:54529") == ["192.0.2.2"]
+    assert ports.hnp_addresses("355991552.0;tcp6://[fd00::2]:54529") == []
+    assert ports.hnp_addresses("") == []
+
+
+def test_the_route_to_a_local_address_leaves_from_it_and_no_address_has_no_route():
+    assert ports.route_address("127.0.0.1") == "127.0.0.1"
+    assert ports.route_address("not an address") is None
+
+
+def _routes(table):
+    return lambda target: table.get(target)
+
+
+def test_the_address_is_the_one_on_the_route_to_mpiruns_host():
+    env = {ports.HNP_URI_ENV: URI}
+    # another host: the first route that leaves from an address of its own, not the docker bridge it shares
+    address, how = ports.own_address(env, _routes({"10.1.2.3": "10.1.2.9", "172.17.0.1": "172.17.0.1"}))
+    assert address == "10.1.2.9" and "10.1.2.3" in how
+    address, _ = ports.own_address(env, _routes({"10.1.2.3": "10.1.2.3", "172.17.0.1": "172.17.0.5"}))
+    assert address == "172.17.0.5"
+    # mpirun's own host (or simulated hosts sharing its network): its own address, the first one routed
+    address, _ = ports.own_address(env, _routes({"10.1.2.3": "10.1.2.3", "172.17.0.1": "172.17.0.1"}))
+    assert address == "10.1.2.3"
+    address, _ = ports.own_address(env, _routes({"172.17.0.1": "172.17.0.1"}))
+    assert address == "172.17.0.1"
+
+
+def test_memdiag_tf_address_overrides_the_uri_and_a_bad_one_is_one_line():
+    env = {ports.HNP_URI_ENV: URI, ports.ADDRESS_ENV: "192.168.7.1"}
+    address, how = ports.own_address(env, _routes({"192.168.7.1": "192.168.7.4", "10.1.2.3": "10.1.2.9"}))
+    assert address == "192.168.7.4" and ports.ADDRESS_ENV in how
+    with pytest.raises(ValueError, match=ports.ADDRESS_ENV) as exc:
+        ports.own_address(env, _routes({"10.1.2.3": "10.1.2.9"}))
+    assert "\n" not in str(exc.value)
+
+
+def test_without_a_uri_the_host_names_address_serves_and_without_one_the_error_names_what_to_set(monkeypatch):
+    monkeypatch.setattr(socket, "gethostname", lambda: "node7")
+    monkeypatch.setattr(socket, "gethostbyname", lambda host: {"node7": "10.0.0.7"}[host])
+    assert ports.own_address({}, _routes({})) == ("10.0.0.7", "host name node7")
+
+    def unresolved(host):
+        raise socket.gaierror("Name or service not known")
+
+    monkeypatch.setattr(socket, "gethostbyname", unresolved)
+    with pytest.raises(ValueError, match=f"set {ports.ADDRESS_ENV}") as exc:
+        ports.own_address({ports.HNP_URI_ENV: URI}, _routes({}))
+    assert "\n" not in str(exc.value) and "node7" in str(exc.value)
+
+
+def test_a_held_port_cannot_be_bound_by_another_until_released():
+    with ports.hold_free_port() as held:
+        assert 0 < held < 65536
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other, pytest.raises(OSError):
+            other.bind(("", held))  # another rank of this host cannot have it meanwhile
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", held))  # released: the worker's server can bind it
+
+
+class _FakeWorld:
+    """MPI.COMM_WORLD for one rank: its allgather returns the other ranks' entries around its own."""
+
+    def __init__(self, rank, others):
+        self.rank, self.others, self.sent = rank, others, None
+
+    def allgather(self, mine):
+        self.sent = mine
+        return [*self.others[:self.rank], mine, *self.others[self.rank:]]
+
+
+def _fake_mpi(monkeypatch, world):
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "mpi4py", types.SimpleNamespace(MPI=types.SimpleNamespace(COMM_WORLD=world)))
+
+
+def test_with_hosts_the_agent_writes_tf_config_from_the_ranks_exchanged_addresses(monkeypatch):
+    import json
+
+    from memdiag.agent.main import _write_tf_config
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.setenv(ports.ENV, ports.RANKS)
+    monkeypatch.setenv(ports.ADDRESS_ENV, "127.0.0.1")
+    world = _FakeWorld(1, [("10.1.2.9", 41001, "route"), ("10.1.2.10", 41003, "route")])
+    _fake_mpi(monkeypatch, world)
+    written = _write_tf_config(1, 3)
+    address, port, how = world.sent
+    assert address == "127.0.0.1" and ports.ADDRESS_ENV in how
+    assert json.loads(written["value"]) == {
+        "cluster": {"worker": ["10.1.2.9:41001", f"127.0.0.1:{port}", "10.1.2.10:41003"]},
+        "task": {"type": "worker", "index": 1}}
+    assert os.environ["TF_CONFIG"] == written["value"]
+    assert (written["ports_by"], written["address"], written["port"]) == ("ranks", "127.0.0.1", port)
+    # a user's TF_CONFIG is kept, after taking part in the exchange all the same
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": 0}}')
+    world.sent = None
+    assert _write_tf_config(1, 3)["source"] == "environment" and world.sent is not None
+
+
+def test_with_hosts_a_rank_without_an_address_or_a_repeated_worker_is_an_error_on_every_rank(monkeypatch):
+    from memdiag.agent.main import _write_tf_config
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.setenv(ports.ENV, ports.RANKS)
+    monkeypatch.setenv(ports.ADDRESS_ENV, "127.0.0.1")
+    _fake_mpi(monkeypatch, _FakeWorld(1, [(None, 41001, "no address found for this worker on node7: set X")]))
+    error = _write_tf_config(1, 2)["error"]
+    assert error.startswith("rank 0: no address found") and "TF_CONFIG" not in os.environ
+    _fake_mpi(monkeypatch, _FakeWorld(0, [("10.1.2.9", 41001, "route")]))
+    monkeypatch.setattr(ports, "hold_free_port", _held(41001))
+    monkeypatch.setattr(ports, "own_address", lambda: ("10.1.2.9", "route"))
+    error = _write_tf_config(0, 2)["error"]
+    assert "same address and port twice" in error and ports.ADDRESS_ENV in error and "\n" not in error
+
+
+def _held(port):
+    import contextlib
+
+    @contextlib.contextmanager
+    def hold():
+        yield port
+
+    return hold
