@@ -231,7 +231,6 @@ def main() -> int:
                 cv.assign(tv)
             fn = grads_mwms if tr.mwms else grads_hvd
             per = [fn(*d)[1] for d in data]
-            div = 1.0 if tr.mwms else float(n)
             applied = []
             for j, var in enumerate(tr.model.trainable_variables):
                 name = j
