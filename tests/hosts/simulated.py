@@ -28,6 +28,8 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent.parent
 ROOT = TESTS.parent
 AGENT = Path(__file__).resolve().with_name("rsh_agent.sh")
+# The Python that runs memdiag: pytest's own, or MEMDIAG_TEST_PYTHON's (tests/helpers.py).
+PYTHON = os.environ.get("MEMDIAG_TEST_PYTHON") or sys.executable
 # Every simulated host masks the temporary directory (TMPDIR, or /tmp) with its own: what the ranks
 # must see lies elsewhere.
 MASKED = Path(tempfile.gettempdir()).resolve()
@@ -99,7 +101,7 @@ class SimulatedCluster:
         host's agent lists what the host's daemon left in /tmp."""
         report = self.reports / uuid.uuid4().hex[:8]
         report.mkdir()
-        result = subprocess.run([sys.executable, "-m", "memdiag", *args], capture_output=True, text=True,
+        result = subprocess.run([PYTHON, "-m", "memdiag", *args], capture_output=True, text=True,
                                 timeout=timeout, cwd=ROOT, env=self.env(report), stdin=subprocess.DEVNULL)
         return result, report
 
