@@ -6,7 +6,10 @@ them. memray records every allocation and free with its native stack, so this pr
 file and follows the buffers of at least ``--min-mib`` MiB: Horovod's allgather outputs (stacks through
 ``AllgatherOp``/``MPIAllgather``), TensorFlow's element-wise products and quotients (``BinaryOp``:
 Horovod's ``values / size`` reaches the kernel as a multiplication by 1/N after TensorFlow's constant
-folding) and everything else by the kernel that allocated it. It prints the largest sum of gathered
+folding), under MultiWorkerMirroredStrategy its gathers (``CollectiveGatherV2OpKernel``) and the
+gRPC copies of their chunks (send: ``RecvBufAsync``/``PackFrom``, gRPC slices; receive: read buffers,
+``RecvBufResponse`` parsing; most under 16 MiB: ``--min-mib 1`` shows them) and everything else by the
+kernel that allocated it. It prints the largest sum of gathered
 outputs and products alive at the same moment, what was alive then, and the last allocations and frees
 in order, which is the sequence docs/measurement.md ("What is alive in the collective window") quotes.
 
@@ -21,16 +24,27 @@ import argparse
 from collections import Counter
 
 GATHERED, PRODUCT = "allgather output", "BinaryOp (product/quotient)"
+# MultiWorkerMirroredStrategy (--engine tf-distribute) moves a gather's chunks between workers over gRPC:
+# the sender serialises a chunk (RecvBuf response packed into a protobuf Any, then gRPC slices), the
+# receiver reads it (gRPC read buffers) and parses it into a string before copying it into the output.
+SEND_COPY, RECEIVE_COPY = "gRPC send copy (RecvBuf response)", "gRPC receive copy (RecvBuf response)"
 
 
 def classify(frames: list[str]) -> str:
     text = " | ".join(frames)
-    if "AllgatherOp" in text or "MPIAllgather" in text or "HorovodAllgather" in text:
+    if ("AllgatherOp" in text or "MPIAllgather" in text or "HorovodAllgather" in text
+            or "CollectiveGatherV2OpKernel" in text or "CollectiveGatherOpKernel" in text):
         return GATHERED
+    if "AnyMetadata::PackFrom" in text or "RecvBufAsync" in text or "grpc_slice_malloc" in text:
+        return SEND_COPY
+    if ("RecvBufResponse::_InternalParse" in text or "Any::_InternalParse" in text
+            or "read_action_locked" in text or "pollset_work" in text):
+        return RECEIVE_COPY
     if "BinaryOp<" in text:
         return PRODUCT
-    if "AllreduceOp" in text or "FusionBufferManager" in text:
+    if "AllreduceOp" in text or "FusionBufferManager" in text or "CollectiveReduceV2OpKernel" in text:
         return "allreduce/fusion buffer"
+    frames = [f.replace("(anonymous namespace)::", "") for f in frames]
     kernel = next((f for f in frames if "::Compute" in f), None)
     return (kernel or (frames[min(3, len(frames) - 1)] if frames else "?")).split("(")[0][:70]
 
