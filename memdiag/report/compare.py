@@ -93,12 +93,17 @@ def verdict(result: dict[str, Any]) -> Text:
                 text.append(f"; merging cost {d['merge_s_median'] * 1000:.2f} ms per step")
             text.append("\n")
     correctness_text(result, text)
+    environment_notes(result, text)
+    return text
+
+
+def environment_notes(result: dict[str, Any], text: Text) -> None:
+    """What every run shared that changes its figures: allocator settings, cores shared by the ranks."""
     for phrase in describe_memory_environment(result.get("memory_environment") or {}):
         text.append(f"Set in the environment of every run: {phrase}.\n", style="yellow")
     if result.get("oversubscribed"):
         text.append("Ranks shared cores on this host: step times and throughput are not a scaling measurement.\n",
                     style="yellow")
-    return text
 
 
 def correctness_text(result: dict[str, Any], text: Text) -> None:
@@ -368,11 +373,7 @@ def engines_details(result: dict[str, Any]) -> Text:
                             style="red")
     for note in sorted({check["note"] for check in across if check.get("note")}):
         text.append(f"Across engines: {note}\n", style="yellow")
-    for phrase in describe_memory_environment(result.get("memory_environment") or {}):
-        text.append(f"Set in the environment of every run: {phrase}.\n", style="yellow")
-    if result.get("oversubscribed"):
-        text.append("Ranks shared cores on this host: step times and throughput are not a scaling measurement.\n",
-                    style="yellow")
+    environment_notes(result, text)
     return text
 
 
