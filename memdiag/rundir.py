@@ -6,7 +6,8 @@ Three kinds of directory, each named by the file that makes it what it is:
   ``rank-K.memray.bin`` with ``--memray``; rank 0 writes ``params.npz`` and, with a timeline,
   ``horovod-timeline.json``; the launcher writes ``mpirun.log`` and, at the end, ``summary.json``;
 - a comparison (``compare.json``): one run directory per mode, rank count and repeat
-  (:func:`compare_run_name`; MultiWorkerMirroredStrategy's runs prefixed ``tfd-``), plus ``verify-nN``;
+  (:func:`compare_run_name`; MultiWorkerMirroredStrategy's runs prefixed ``tfd-``), plus the verification
+  runs ``verify-nN`` and ``tfd-verify-nN`` (:func:`verify_run_name`);
 - a scaling study (``scale.json``): one run directory per rank count.
 
 JSON results are written atomically (a temporary file, then a rename), so a reader never sees half a
@@ -57,6 +58,17 @@ def compare_run_name(world_size: int, mode: str, repeat: int = 0, tf_distribute:
     return ("tfd-" if tf_distribute else "") + f"n{world_size}-{mode}" + (f"-r{repeat + 1}" if repeat else "")
 
 
+def verify_run_name(world_size: int, tf_distribute: bool = False) -> str:
+    """A comparison's verification run (the reduction check): ``verify-n{N}``, or for
+    MultiWorkerMirroredStrategy ``tfd-verify-n{N}``."""
+    return ("tfd-" if tf_distribute else "") + f"verify-n{world_size}"
+
+
+def is_verify_run(name: str) -> bool:
+    """Whether a directory name inside a comparison is a verification run (not a measured one)."""
+    return name.removeprefix("tfd-").startswith("verify")
+
+
 def kind(path: str) -> str | None:
     """``comparison``, ``scale``, ``run``, or None for a directory memdiag did not write."""
     for name, what in ((COMPARE_FILE, COMPARISON), (SCALE_FILE, SCALE), (RUN_MANIFEST, RUN)):
@@ -71,7 +83,7 @@ def runs_of(path: str) -> list[str]:
     if kind(path) == RUN:
         return [path]
     return [os.path.join(path, d) for d in sorted(os.listdir(path))
-            if kind(os.path.join(path, d)) == RUN and not d.startswith("verify")]
+            if kind(os.path.join(path, d)) == RUN and not is_verify_run(d)]
 
 
 def new_dir_name(label: str) -> str:

@@ -152,6 +152,7 @@ class ReductionCheckRecord(_Record, total=False):
     rounding_bound_ratio: float  # max |diff| / float rounding's bound for the rows' sums (<= 1 passes)
     terms_max: int  # the most rows summed into one row
     skipped: str
+    engine: str  # tf-distribute (MultiWorkerMirroredStrategy's check); absent: Horovod
 
 
 class WaitingRecord(_Record, total=False):

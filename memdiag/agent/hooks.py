@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -431,23 +431,32 @@ class CollectiveHooks:
         plain = self._plain_allreduce
         assert plain is not None, "install() keeps Horovod's own allreduce"
         slices = plain(grad, **kwargs)
-        # Only the rows some rank looked up can differ from zero: the three results are compared on
-        # those (as float64 in numpy) and a dense result must be zero everywhere else. A table-sized
-        # float64 copy of each result would cost a verification run several times the job's memory.
+        reduced = plain(self.policy.densify(grad), **kwargs)
+        merged = tf.convert_to_tensor(plain(self.policy.merge(grad), **kwargs))
+        self._compare_reduced(base, slices, [(reduced, "dense"), (merged, "dedup")])
+
+    def _compare_reduced(self, base: dict[str, Any], slices: tf.IndexedSlices,
+                         others: Sequence[tuple[Any, str]]) -> None:
+        """Record how far each dense result in ``others`` (``(tensor, against)``: dense, or dedup where
+        the engine merges) differs from ``slices``, the gathered reduction of the same gradient (every
+        rank's rows, after the op's scaling, no padding): one ``reduction_check`` record each, from
+        ``base`` (name, reduce_op, compression), with float rounding's bound where it applies."""
+        writer = self.tracer.writer
+        # Only the rows some rank looked up can differ from zero: the results are compared on those (as
+        # float64 in numpy) and a dense result must be zero everywhere else. A table-sized float64 copy
+        # of each result would cost a verification run several times the job's memory.
         touched, position = tf.unique(slices.indices)
         count = tf.shape(touched, out_type=slices.indices.dtype)[0]
         # The gathered rows summed per index: the same additions, in the same order, as the dense
         # conversion the optimizer's sparse update amounts to.
         gathered = tf.math.unsorted_segment_sum(slices.values, position, count)
-        reduced = plain(self.policy.densify(grad), **kwargs)
-        merged = tf.convert_to_tensor(plain(self.policy.merge(grad), **kwargs))
         # What each row sums, from the gathered rows themselves (every rank's, after the op's scaling):
         # the number of terms and the sum of their magnitudes, for float rounding's bound. The
         # magnitudes are summed in float32 (n terms: at most gamma(n - 1) below the exact sum, all
         # terms being positive), then raised by 1 / (1 - gamma(n)) to stay an upper bound.
         terms = tf.math.unsorted_segment_sum(tf.ones_like(slices.indices, tf.float64), position, count)
         magnitude = tf.math.unsorted_segment_sum(tf.abs(slices.values), position, count)
-        unit = float(np.finfo(grad.values.dtype.as_numpy_dtype).eps) / 2
+        unit = float(np.finfo(slices.values.dtype.as_numpy_dtype).eps) / 2
 
         def on_touched(dense):
             rows = tf.gather(dense, touched)
@@ -475,7 +484,7 @@ class CollectiveHooks:
             writer.add(record)
             return []
 
-        for other, against in ((reduced, "dense"), (merged, "dedup")):
+        for other, against in others:
             rows, elsewhere = on_touched(other)
             if tf.executing_eagerly():
                 emit(gathered, rows, elsewhere, terms, magnitude, against)

@@ -85,11 +85,13 @@ class StrategyHooks(CollectiveHooks):
 
     def __init__(self, tracer: Any, mode: str, margin: float, world_size: Callable[[], int],
                  on_decision: Callable[[Any], None], initial_parameters: str | None = None,
-                 agree: Callable[[int], list[int]] | None = None) -> None:
+                 agree: Callable[[int], list[int]] | None = None, fault: str | None = None,
+                 check_reduction: bool = False) -> None:
         def decided(decision: Any) -> None:
             on_decision(replace(decision, reason=REASONS.get(decision.mode, decision.reason)))
 
-        super().__init__(tracer, mode, margin, world_size, decided, initial_parameters=initial_parameters)
+        super().__init__(tracer, mode, margin, world_size, decided, fault=fault, check_reduction=check_reduction,
+                         initial_parameters=initial_parameters)
         self._agree = agree  # tests: a stand-in for the MPI allgather of the rows
         self.on_strategy: Callable[[Any], None] | None = None  # called once, when the strategy is up
         self._lock = threading.RLock()
@@ -207,6 +209,7 @@ class StrategyHooks(CollectiveHooks):
             reduce_name = "average" if str(getattr(reduce_op, "value", reduce_op)).lower() == "mean" else "sum"
             labelled: list[Any] = []
             later: list[tuple[int, str, Any]] = []  # (position, name, variable) decided when the step runs
+            checked: list[tuple[int, str]] = []  # (position, name) of the IndexedSlices gathered: check_reduction
             for i, item in enumerate(flat):
                 name, variable = batch[i] if batch is not None else (None, None)
                 if name is None:
@@ -229,6 +232,8 @@ class StrategyHooks(CollectiveHooks):
                     if decision.densify:
                         item = self.policy.densify(item)
                         densified = True
+                    elif self.check_reduction:
+                        checked.append((i, name))
                 label = StrategyOrigin(name, sparse=sparse, densified=densified, gradient=gradient,
                                        reduce_op=reduce_name)
                 with self._lock:
@@ -240,14 +245,41 @@ class StrategyHooks(CollectiveHooks):
                 return self._reduce_with_run_time_decisions(original, cross_device_ops, reduce_op, value, labelled,
                                                             later, replica_id, options, gradient, reduce_name)
             try:
-                return original(cross_device_ops, reduce_op, tf.nest.pack_sequence_as(value, labelled), replica_id,
-                                options)
+                reduced = original(cross_device_ops, reduce_op, tf.nest.pack_sequence_as(value, labelled), replica_id,
+                                   options)
             finally:
                 with self._lock:
                     for item in labelled:
                         self._labels.pop(id(item), None)
+            if checked:
+                results = tf.nest.flatten(reduced, expand_composites=False)
+                for i, name in checked:
+                    self._compare_with_dense(original, cross_device_ops, reduce_op, labelled[i], results[i], name,
+                                             replica_id, options, gradient, reduce_name)
+            return reduced
 
         return all_reduce
+
+    def _compare_with_dense(self, original: Callable, cross_device_ops: Any, reduce_op: Any, grad: tf.IndexedSlices,
+                            gathered: tf.IndexedSlices, name: str, replica_id: Any, options: Any, gradient: bool,
+                            reduce_name: str) -> None:
+        """The reduction check (``check_reduction``, the verification run): ``grad``, gathered by the
+        strategy into ``gathered`` (every worker's rows, the padding already cut off by
+        ``all_reduce_indexed_slices``), reduced again densely through the same ``_all_reduce``, and the
+        two compared (:meth:`CollectiveHooks._compare_reduced`). MWMS has no merged path: dense only.
+        Every worker traces its reductions in the same order, so the extra all-reduce pairs up."""
+        dense = self.policy.densify(grad)  # with --inject-fault sum-densified, N x the densified gradient
+        label = StrategyOrigin(name, sparse=True, densified=True, gradient=gradient, reduce_op=reduce_name)
+        with self._lock:
+            self._labels[id(dense)] = label
+        try:
+            [reduced] = original(cross_device_ops, reduce_op, [dense], replica_id, options)
+        finally:
+            with self._lock:
+                self._labels.pop(id(dense), None)
+        base = {"type": "reduction_check", "name": name, "reduce_op": reduce_name, "compression": None,
+                "engine": ENGINE}
+        self._compare_reduced(base, gathered, [(reduced, "dense")])
 
     # -- the policy -----------------------------------------------------------------------------
     def decide(self, name: str, grad: tf.IndexedSlices, variable: Any = None) -> Decision | None:

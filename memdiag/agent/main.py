@@ -262,6 +262,8 @@ def _run_with_strategy(config: AgentConfig, tracer: Tracer, writer: RecordWriter
         world_size=_world_size_from_env,
         on_decision=lambda d: writer.add({**d.as_record(), "step": tracer.step}),
         initial_parameters=os.path.join(spool, rundir.INITIAL_PARAMETERS) if rank == 0 else None,
+        fault=config.fault,
+        check_reduction=config.check_reduction,
     )
 
     def started(extended: Any) -> None:

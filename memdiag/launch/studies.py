@@ -7,7 +7,8 @@ directory. Every run is checked before the first directory is made. What the run
 worked out in :mod:`memdiag.analyze.compare` and :mod:`memdiag.analyze.scaling`.
 
 ``compare --engine both`` runs each (engine, rank count, mode) of a built-in workload, interleaved
-as repeats are; the verification run (``verify-nN``, a reduction check) exists for Horovod only.
+as repeats are; the verification run (a reduction check) is one per engine: ``verify-nN`` (Horovod),
+``tfd-verify-nN`` (MultiWorkerMirroredStrategy).
 """
 
 from __future__ import annotations
@@ -88,14 +89,16 @@ class CompareRequest:
     def run_request(self, world_size: int, mode: str, out: str, engine: str = HOROVOD) -> RunRequest:
         return RunRequest(self.target, world_size, mode, self.options, out=out, fault=self.fault, engine=engine)
 
-    def check_request(self, world_size: int, out: str) -> RunRequest:
+    def check_request(self, world_size: int, out: str, engine: str = HOROVOD) -> RunRequest:
         """The verification run: every IndexedSlices gradient reduced both ways and compared, one step.
-        Not a measured run (it reduces twice on purpose), so no memory limit and no memray. Horovod's
-        hooks make it; MultiWorkerMirroredStrategy has no such check."""
+        Not a measured run (it reduces twice on purpose), so no memory limit and no memray. Each
+        engine's hooks make their own: Horovod's compare the allgather with the dense allreduce and the
+        merged allgather, MultiWorkerMirroredStrategy's its padded gather with its dense all-reduce."""
         options = replace(self.options, steps=1, memray=False, mem_limit_bytes=None, max_warmup=0)
         # A script runs as written (its op, compression, process set).
         mode = AS_WRITTEN if is_script(self.target) else "sparse"
-        return RunRequest(self.target, world_size, mode, options, out=out, fault=self.fault, check_reduction=True)
+        return RunRequest(self.target, world_size, mode, options, out=out, fault=self.fault, check_reduction=True,
+                          engine=engine)
 
 
 def run_compare(request: CompareRequest, console: Console) -> dict[str, Any]:
@@ -128,10 +131,14 @@ def run_compare(request: CompareRequest, console: Console) -> dict[str, Any]:
             progress.advance(overall)
             console.print(f"  finished {what}" + (f" (repeat {r + 1})" if request.repeats > 1 else ""),
                           highlight=False)
-        if verify_n is not None and HOROVOD in request.engines:
-            # A separate short run, kept apart so that its extra collectives never touch the measured runs.
-            progress.update(overall, description=f"reduction check at N={verify_n}")
-            verify_dirs[HOROVOD] = execute(request.check_request(verify_n, os.path.join(out, f"verify-n{verify_n}")))
+        # A separate short run per engine, kept apart so that its extra collectives never touch the
+        # measured runs.
+        for engine in request.engines if verify_n is not None else []:
+            assert verify_n is not None
+            progress.update(overall, description=f"{engine} reduction check at N={verify_n}" if named else
+                            f"reduction check at N={verify_n}")
+            run_out = os.path.join(out, rundir.verify_run_name(verify_n, engine == TF_DISTRIBUTE))
+            verify_dirs[engine] = execute(request.check_request(verify_n, run_out, engine))
     preset = None if is_script(request.target) else request.options.preset
     study = {"rank_counts": request.rank_counts, "modes": request.modes, "steps": steps,
              "repeats": request.repeats, "directory": out}

@@ -140,9 +140,9 @@ def correctness_text(result: dict[str, Any], text: Text) -> None:
                             f"{len(reduction['tensors'])} gradient(s) differ by at most {_num(r['max_rel_diff'])} "
                             f"relative ({within}); ", style=None if r["passed"] else "bold red")
         if reduction is None and result.get("engine", "horovod") != "horovod":
-            # Only Horovod's hooks reduce a gradient both ways: say so rather than imply it covered this engine.
-            text.append(f"no reduction check: it exists for Horovod only, so {result['engine']}'s modes are checked by "
-                        "their final parameters; ", style="yellow")
+            # No verification run (it needs N > 1): say so rather than imply the check covered this engine.
+            text.append(f"no reduction check (it needs a rank count above 1), so {result['engine']}'s modes are "
+                        "checked by their final parameters only; ", style="yellow")
         identical = c.get("ranks_identical_every_step")
         text.append("parameters identical on all ranks every step\n" if identical else
                     ("parameters DIFFER between ranks\n" if identical is False else "\n"))

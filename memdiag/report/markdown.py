@@ -73,8 +73,8 @@ def engines_markdown(result: dict[str, Any]) -> str:
     for engine in result.get("engine_order", []):
         each = result["engines"][engine]["correctness"]
         reduction = each.get("reduction")
-        check = ("reduction check passed: " + str(reduction["passed"])) if reduction else \
-            "no reduction check (it exists for Horovod only)"
+        check = (f"reduction check at N={reduction['world_size']} passed: {reduction['passed']}") if reduction else \
+            "no reduction check (it needs a rank count above 1)"
         lines.append(f"- {engine}: correctness passed: {each['passed']} (modes against sparse: max abs diff "
                      f"{_num(each['max_abs_diff'])}, max rel diff {_num(each['max_rel_diff'])}); {check}")
     compared = [x for x in c.get("across_engines", []) if x["passed"] is not None]

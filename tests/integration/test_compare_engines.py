@@ -57,7 +57,7 @@ def both(runs_root):
 def test_both_engines_run_every_mode_in_directories_that_name_the_engine(both):
     out, _, data = both
     assert data["engine"] == "both" and data["engine_order"] == [HVD, TFD]
-    for name in ("n2-sparse", "n2-dense", "tfd-n2-sparse", "tfd-n2-dense", "verify-n2"):
+    for name in ("n2-sparse", "n2-dense", "tfd-n2-sparse", "tfd-n2-dense", "verify-n2", "tfd-verify-n2"):
         assert (out / name / "summary.json").is_file(), name
     assert read_json(out / "tfd-n2-sparse" / "run.json")["engine"] == TFD
     assert read_json(out / "n2-sparse" / "run.json")["engine"] == HVD
@@ -87,19 +87,21 @@ def test_the_bytes_side_by_side_are_the_figures_worked_out_by_hand(both):
     assert len(v["peaks"]) == 4 and v["lead_beyond_noise"] in (True, False)
 
 
-def test_each_engine_is_checked_and_the_reduction_check_is_horovods_alone(both):
+def test_each_engine_is_checked_by_its_parameters_and_its_own_reduction_check(both):
     _, result, data = both
     c = data["correctness"]
     assert c["by_engine"] == {HVD: True, TFD: True}
-    assert c["reduction_checked"] == [HVD]
+    assert c["reduction_checked"] == [HVD, TFD]
     assert data["engines"][HVD]["correctness"]["reduction"]["passed"] is True
+    tfd = data["engines"][TFD]["correctness"]["reduction"]
+    assert tfd["passed"] is True and tfd["reduce_ops"] == ["sum"] and tfd["rounding_bound_ratio"] <= 1
     # the same data and initial values on both engines: final parameters within the stated tolerance
     assert {(x["world_size"], x["mode"]) for x in c["across_engines"]} == {(N, "sparse"), (N, "dense")}
     assert c["across_engines_passed"] is True and c["passed"] is True
     text = flat(result.stdout)
     assert result.stdout.startswith(f"At N={N} the lowest per-rank peak is ")
-    assert "no reduction check: it exists for Horovod only, so tf-distribute's modes are checked by their final " \
-           "parameters" in text
+    assert text.count(f"reduction check at N={N}: allgather and dense allreduce") == 2
+    assert "no reduction check" not in text and "Horovod only" not in text
     assert "tf-distribute's padding was 0 B because every worker had the same rows (256 per tensor)" in text
 
 

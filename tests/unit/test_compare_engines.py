@@ -23,7 +23,7 @@ from memdiag.analyze.summary import summarize
 from memdiag.cli import main
 from memdiag.collect import load_run
 from memdiag.report.compare import print_compare
-from memdiag.rundir import compare_run_name
+from memdiag.rundir import compare_run_name, runs_of, verify_run_name
 from memdiag.units import format_bytes
 
 MiB = 2**20
@@ -127,17 +127,19 @@ def collectives(n: int, engine: str, dense: bool, rows: list[int], rank: int) ->
             {**kernel, "engine": TFD, "stage": "pack"}]
 
 
-def write_verify(path: Path, ratio: float = 0.1) -> str:
-    """Horovod's verification run at N=2: one reduction check record per rank."""
+def write_verify(path: Path, ratio: float = 0.1, engine: str = HVD) -> str:
+    """An engine's verification run at N=2: one reduction check record per rank (MWMS sums)."""
     path.mkdir(parents=True)
     (path / "run.json").write_text(json.dumps({"workload": "transformer", "preset": "tiny", "mode": "sparse",
                                                "world_size": 2, "steps": 1, "status": "ok"}))
     for rank in range(2):
         writer = RecordWriter(str(path / f"rank-{rank}.jsonl"), rank)
         writer.add({"type": "start", "t": 1.0, "size": 2, "host": "h"})
+        mwms = {"engine": TFD} if engine == TFD else {}
         writer.add({"type": "reduction_check", "t": 2.0, "step": 0, "name": EMB, "against": "dense",
-                    "reduce_op": "average", "compression": "none", "max_abs_diff": 1e-9, "max_rel_diff": 1e-8,
-                    "rounding_bound_ratio": ratio, "terms_max": 2 * ROWS})
+                    "reduce_op": "sum" if mwms else "average", "compression": None if mwms else "none",
+                    "max_abs_diff": 1e-9, "max_rel_diff": 1e-8, "rounding_bound_ratio": ratio,
+                    "terms_max": 2 * ROWS, **mwms})
         writer.add({"type": "end", "t": 3.0, "status": "ok", "error": None, "hwm_bytes": 1})
         writer.close()
     (path / "summary.json").write_text(json.dumps(summarize(load_run(str(path))), default=str))
@@ -145,7 +147,7 @@ def write_verify(path: Path, ratio: float = 0.1) -> str:
 
 
 def write_comparison(root: Path, peaks: dict | None = None, uneven: bool = False,
-                     tfd_params_offset: float = 0.0) -> dict:
+                     tfd_params_offset: float = 0.0, tfd_ratio: float = 0.2) -> dict:
     """A comparison directory as `memdiag compare --engine both` leaves it; returns its compare.json."""
     peaks = {**PEAKS, **(peaks or {})}
     run_dirs: dict[str, dict] = {HVD: {}, TFD: {}}
@@ -155,8 +157,9 @@ def write_comparison(root: Path, peaks: dict | None = None, uneven: bool = False
                 name = compare_run_name(n, mode, 0, engine == TFD)
                 run_dirs[engine][(n, mode)] = [write_run(root / name, n, engine, mode, peaks[(n, engine, mode)],
                                                          uneven, tfd_params_offset if engine == TFD else 0.0)]
-    verify = write_verify(root / "verify-n2")
-    result = comparison.build_engines("transformer", "tiny", run_dirs, {HVD: verify})
+    verify = {HVD: write_verify(root / verify_run_name(2)),
+              TFD: write_verify(root / verify_run_name(2, True), tfd_ratio, TFD)}
+    result = comparison.build_engines("transformer", "tiny", run_dirs, verify)
     study = {"rank_counts": list(RANKS), "modes": list(MODES), "steps": STEPS, "repeats": 1, "directory": str(root)}
     for each in result["engines"].values():
         each.update(study)
@@ -286,17 +289,18 @@ def test_a_lead_no_larger_than_the_noise_is_called_within_noise(tmp_path):
 
 # -- correctness -----------------------------------------------------------------------------------------
 
-def test_each_engine_is_checked_by_its_parameters_and_the_reduction_check_is_said_to_be_horovods_only(both):
+def test_each_engine_is_checked_by_its_parameters_and_by_its_own_reduction_check(both):
     _, result = both
     c = result["correctness"]
     assert c["passed"] is True and c["by_engine"] == {HVD: True, TFD: True}
-    assert c["reduction_checked"] == [HVD]
+    assert c["reduction_checked"] == [HVD, TFD]
     assert result["engines"][HVD]["correctness"]["reduction"]["passed"] is True
-    assert result["engines"][TFD]["correctness"]["reduction"] is None
+    tfd = result["engines"][TFD]["correctness"]["reduction"]
+    assert tfd["passed"] is True and tfd["reduce_ops"] == ["sum"] and tfd["rounding_bound_ratio"] == 0.2
     text = flat(render(result))
-    assert "reduction check at N=2: allgather and dense allreduce" in text
-    assert "no reduction check: it exists for Horovod only, so tf-distribute's modes are checked by their final " \
-           "parameters" in text
+    assert text.count("reduction check at N=2: allgather and dense allreduce") == 2
+    assert "0.2 of float rounding's bound" in text
+    assert "no reduction check" not in text and "Horovod only" not in text
     # same N and mode across engines: equal parameters and losses here
     assert {(x["world_size"], x["mode"]) for x in c["across_engines"]} == {(n, m) for n in RANKS for m in MODES}
     assert c["across_engines_passed"] is True and all(x["max_abs_diff"] == 0 for x in c["across_engines"])
@@ -357,7 +361,7 @@ def test_memdiag_report_rerenders_text_json_and_markdown_from_the_directory_alon
     assert md.startswith("## compare sparse-vs-dense --engine both: transformer (tiny)")
     assert "| 4 | tf-distribute | sparse | 1.1 GiB |" in md and "| 136 KiB | 136 KiB | 0 B | 4 KiB | ok |" in md
     assert "horovod dense, 900 MiB, 50 MiB below tf-distribute dense, beyond the noise" in md
-    assert "no reduction check (it exists for Horovod only)" in md
+    assert md.count("reduction check at N=2 passed: True") == 2 and "no reduction check" not in md
 
 
 def test_a_tf_distribute_comparison_alone_names_its_engine_and_has_no_reduction_check(tmp_path):
@@ -367,7 +371,8 @@ def test_a_tf_distribute_comparison_alone_names_its_engine_and_has_no_reduction_
               "rank_counts": list(RANKS), "steps": STEPS}
     text = flat(render(result))
     assert "engine tf-distribute" in text and "Correctness PASSED" in text
-    assert "no reduction check: it exists for Horovod only" in text
+    assert "no reduction check (it needs a rank count above 1), so tf-distribute's modes are checked by their " \
+           "final parameters only" in text
     # Horovod's comparison names no engine (its compare.json is as before) and its report says nothing of it
     horovod = comparison.build("transformer", "tiny", {(2, "sparse"): run_dirs[(2, "sparse")]})
     assert "engine" not in horovod and "no reduction check" not in flat(render({**horovod, "modes": ["sparse"]}))
@@ -378,6 +383,21 @@ def test_a_comparisons_run_directories_show_the_engine_and_keep_horovods_names()
     assert compare_run_name(4, "dense", 1) == "n4-dense-r2"
     assert compare_run_name(2, "sparse", 0, tf_distribute=True) == "tfd-n2-sparse"
     assert compare_run_name(2, "auto", 2, tf_distribute=True) == "tfd-n2-auto-r3"
+    assert verify_run_name(2) == "verify-n2" and verify_run_name(4, True) == "tfd-verify-n4"
+
+
+def test_both_verification_runs_are_left_out_of_the_measured_runs(tmp_path):
+    write_comparison(tmp_path)
+    names = {Path(p).name for p in runs_of(str(tmp_path))}
+    assert "verify-n2" not in names and "tfd-verify-n2" not in names and "tfd-n2-sparse" in names
+
+
+def test_a_tf_distribute_reduction_beyond_rounding_fails_its_engine_only(tmp_path):
+    result = write_comparison(tmp_path, tfd_ratio=3.0)
+    assert result["engines"][TFD]["correctness"]["reduction"]["passed"] is False
+    assert result["engines"][HVD]["correctness"]["reduction"]["passed"] is True
+    assert result["correctness"]["by_engine"][TFD] is False and result["correctness"]["passed"] is False
+    assert "3 of float rounding's bound" in flat(render(result))
 
 
 # -- bad input ------------------------------------------------------------------------------------------
