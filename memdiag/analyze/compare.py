@@ -461,7 +461,7 @@ def build_engines(target: str, preset: str | None,
         "correctness": {
             "passed": None if not known else all(known),
             "by_engine": {e: results[e]["correctness"]["passed"] for e in order},
-            # The verification run reduces with Horovod only: the other engines are checked by their parameters.
+            # The engines whose verification run ran (each engine compared makes one, from N=2 on).
             "reduction_checked": [e for e in order if results[e]["correctness"].get("reduction") is not None],
             "across_engines": across,
             "across_engines_passed": None if not compared else all(compared),
