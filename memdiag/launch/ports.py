@@ -6,8 +6,11 @@ TF_CONFIG's cluster, one worker per rank. On one host (``localhost:PORT``) the l
 the kernel for N free ports (bind port 0, read the port, close), all held at the same time so they
 are distinct, and passes them to the ranks in ``MEMDIAG_TF_PORTS`` (mpirun forwards ``MEMDIAG_*``).
 The sockets bind every interface, as TensorFlow's gRPC server does, so a port in use on any of them
-is not handed out. Between the release here and the servers' binds another process could take a
-port; TensorFlow then fails with "Could not start gRPC server", and a new run chooses new ports.
+is not handed out. The ports are taken below the kernel's range for outgoing connections
+(``ip_local_port_range``): a port of that range, free when chosen, can become the source port of
+any outgoing connection before the server binds it (seen once in a test run: "Could not start gRPC
+server" on such a port at the job's start); below it, only a process binding that very port can.
+Where no such port is free, the kernel's choice (port 0) is taken.
 With ``--hosts`` each rank holds a free port of its own host and finds its own address (below).
 """
 
@@ -21,14 +24,52 @@ from typing import Callable, Iterator, Mapping
 ENV = "MEMDIAG_TF_PORTS"
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports that were free when asked for."""
+LOCAL_PORT_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+LOWEST_PORT = 10000  # below: ports that services commonly claim
+
+
+def outgoing_port_range(path: str = LOCAL_PORT_RANGE) -> tuple[int, int] | None:
+    """The kernel's range of source ports for outgoing connections, or None where it cannot be read."""
+    try:
+        with open(path, encoding="ascii") as f:
+            low, high = (int(p) for p in f.read().split()[:2])
+    except (OSError, ValueError):
+        return None
+    return low, high
+
+
+def _bind_free(sock: socket.socket, candidates: list[int]) -> None:
+    """Bind ``sock`` on every interface to the first free port of ``candidates``, else to the kernel's choice."""
+    for port in candidates:
+        try:
+            sock.bind(("", port))
+            return
+        except OSError:
+            continue
+    sock.bind(("", 0))
+
+
+def _candidates(path: str = LOCAL_PORT_RANGE) -> list[int]:
+    """Ports below the outgoing range, in random order (so that jobs starting together rarely try the same)."""
+    import random
+
+    found = outgoing_port_range(path)
+    if found is None or found[0] <= LOWEST_PORT:
+        return []
+    ports = list(range(LOWEST_PORT, found[0]))
+    random.SystemRandom().shuffle(ports)
+    return ports[:256]
+
+
+def free_ports(count: int, path: str = LOCAL_PORT_RANGE) -> list[int]:
+    """``count`` distinct TCP ports that were free when asked for, below the outgoing range where one is free."""
     if count < 0:
         raise ValueError(f"a number of ports must be 0 or more, got {count}")
+    candidates = _candidates(path)
     with contextlib.ExitStack() as stack:
         sockets = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
         for sock in sockets:
-            sock.bind(("", 0))
+            _bind_free(sock, candidates)
         return [sock.getsockname()[1] for sock in sockets]
 
 
@@ -63,7 +104,7 @@ def hold_free_port() -> Iterator[int]:
     """A free TCP port of this host, bound on every interface while the block runs (ranks sharing a
     host, each holding its own while they exchange them, get distinct ports), released after it."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
+        _bind_free(sock, _candidates())
         yield int(sock.getsockname()[1])
 
 
