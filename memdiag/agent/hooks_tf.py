@@ -268,15 +268,9 @@ class StrategyHooks(CollectiveHooks):
         ``all_reduce_indexed_slices``), reduced again densely through the same ``_all_reduce``, and the
         two compared (:meth:`CollectiveHooks._compare_reduced`). MWMS has no merged path: dense only.
         Every worker traces its reductions in the same order, so the extra all-reduce pairs up."""
-        dense = self.policy.densify(grad)  # with --inject-fault sum-densified, N x the densified gradient
-        label = StrategyOrigin(name, sparse=True, densified=True, gradient=gradient, reduce_op=reduce_name)
-        with self._lock:
-            self._labels[id(dense)] = label
-        try:
-            [reduced] = original(cross_device_ops, reduce_op, [dense], replica_id, options)
-        finally:
-            with self._lock:
-                self._labels.pop(id(dense), None)
+        # Densified as the policy densifies (with --inject-fault sum-densified, N x the gradient).
+        reduced = self._reduce_one(original, cross_device_ops, reduce_op, grad, name, True, replica_id, options,
+                                   gradient, reduce_name).values
         base = {"type": "reduction_check", "name": name, "reduce_op": reduce_name, "compression": None,
                 "engine": ENGINE}
         self._compare_reduced(base, gathered, [(reduced, "dense")])
