@@ -17,19 +17,36 @@ HVD_VERSION="0.28.1"
 say() { printf '[setup] %s\n' "$*"; }
 export TF_CPP_MIN_LOG_LEVEL=2
 
+# A download cut short by the network ("Connection broken: IncompleteRead") fails a whole install:
+# pip resumes a broken download itself (PIP_RESUME_RETRIES, pip >= 25.1; older pips ignore it), and
+# each install or apt-get step is tried up to 3 times, 10 s apart, before the set-up gives up.
+export PIP_RESUME_RETRIES="${PIP_RESUME_RETRIES:-5}"
+retry() {
+    local attempt
+    for attempt in 1 2 3; do
+        if "$@"; then return 0; fi
+        if [ "$attempt" -lt 3 ]; then
+            printf '[setup] attempt %s of 3 failed: %s; trying again in 10 s\n' "$attempt" "$*" >&2
+            sleep 10
+        fi
+    done
+    printf '[setup] failed 3 times: %s\n' "$*" >&2
+    return 1
+}
+
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicc >/dev/null 2>&1; then
     say "installing OpenMPI from Debian's packages"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+    retry $SUDO apt-get update -qq
+    retry env DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
 fi
 for tool in cmake g++; do
     if ! command -v "$tool" >/dev/null 2>&1; then
         say "installing build tools"
-        $SUDO apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq cmake g++ >/dev/null
+        retry $SUDO apt-get update -qq
+        retry env DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq cmake g++ >/dev/null
         break
     fi
 done
@@ -37,14 +54,14 @@ done
 if [ ! -x "$VENV/bin/python" ]; then
     say "creating virtualenv $VENV"
     "$PY" -m venv "$VENV"
-    "$VENV/bin/pip" install -q --upgrade pip wheel setuptools
+    retry "$VENV/bin/pip" install -q --upgrade pip wheel setuptools
 fi
 VPY="$VENV/bin/python"
 PIP="$VENV/bin/pip"
 
 if ! "$VPY" -c "import tensorflow as tf, sys; sys.exit(tf.__version__ != '2.15.1')" >/dev/null 2>&1; then
     say "installing $TF_SPEC"
-    "$PIP" install -q "$TF_SPEC"
+    retry "$PIP" install -q "$TF_SPEC"
 fi
 
 hvd_ok() {
@@ -57,20 +74,20 @@ PY
 }
 if ! hvd_ok; then
     say "building Horovod $HVD_VERSION with TensorFlow and MPI (about 4 minutes)"
-    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 \
-    HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_GLOO=1 \
+    retry env HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 \
+        HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_GLOO=1 \
         "$PIP" install -q --no-build-isolation "horovod==$HVD_VERSION"
 fi
 
 if ! "$VPY" -c "import mpi4py.MPI" >/dev/null 2>&1; then
     say "building mpi4py against the system OpenMPI"
-    "$PIP" install -q --no-binary mpi4py mpi4py
+    retry "$PIP" install -q --no-binary mpi4py mpi4py
 fi
 
 STAMP="$VENV/.memdiag-installed"
 if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
     say "installing memdiag (editable) with its test tools"
-    "$PIP" install -q -e "$ROOT[test]"
+    retry "$PIP" install -q -e "$ROOT[test]"
     touch "$STAMP"
 fi
 

@@ -22,13 +22,30 @@ STAMP="$VENV/.tf-latest-ready"
 say() { printf '[setup-tf-latest] %s\n' "$*"; }
 export TF_CPP_MIN_LOG_LEVEL=2
 
+# A download cut short by the network ("Connection broken: IncompleteRead") fails a whole install:
+# pip resumes a broken download itself (PIP_RESUME_RETRIES, pip >= 25.1; older pips ignore it), and
+# each install or apt-get step is tried up to 3 times, 10 s apart, before the set-up gives up.
+export PIP_RESUME_RETRIES="${PIP_RESUME_RETRIES:-5}"
+retry() {
+    local attempt
+    for attempt in 1 2 3; do
+        if "$@"; then return 0; fi
+        if [ "$attempt" -lt 3 ]; then
+            printf '[setup-tf-latest] attempt %s of 3 failed: %s; trying again in 10 s\n' "$attempt" "$*" >&2
+            sleep 10
+        fi
+    done
+    printf '[setup-tf-latest] failed 3 times: %s\n' "$*" >&2
+    return 1
+}
+
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicc >/dev/null 2>&1; then
     say "installing OpenMPI from Debian's packages"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+    retry $SUDO apt-get update -qq
+    retry env DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
 fi
 
 if ! command -v "$PY" >/dev/null 2>&1; then
@@ -66,11 +83,11 @@ fi
 if [ ! -x "$VENV/bin/python" ]; then
     say "creating virtualenv $VENV ($("$PY" --version))"
     "$PY" -m venv "$VENV"
-    "$VENV/bin/pip" install -q --upgrade pip wheel setuptools
+    retry "$VENV/bin/pip" install -q --upgrade pip wheel setuptools
 fi
 PIP="$VENV/bin/pip"
 
-newest_tf="$("$PIP" index versions tensorflow-cpu 2>/dev/null | sed -n 's/^tensorflow-cpu (\(.*\))$/\1/p')"
+newest_tf="$(retry "$PIP" index versions tensorflow-cpu 2>/dev/null | sed -n 's/^tensorflow-cpu (\(.*\))$/\1/p')"
 if [ -z "$newest_tf" ]; then
     echo "[setup-tf-latest] could not ask the index for tensorflow-cpu's versions" >&2
     exit 1
@@ -78,22 +95,22 @@ fi
 say "newest tensorflow-cpu served: $newest_tf"
 
 say "installing tensorflow-cpu==$newest_tf, keras and numpy<2"
-"$PIP" install -q --upgrade "tensorflow-cpu==$newest_tf" keras "numpy<2"
+retry "$PIP" install -q --upgrade "tensorflow-cpu==$newest_tf" keras "numpy<2"
 
 if ! "$VENV/bin/python" -c "import mpi4py.MPI" >/dev/null 2>&1; then
     say "building mpi4py against the system OpenMPI"
-    "$PIP" install -q --no-binary mpi4py mpi4py
+    retry "$PIP" install -q --no-binary mpi4py mpi4py
 fi
 
 if ! smoke; then
     say "numpy<2 does not work with tensorflow-cpu $newest_tf: installing NumPy 2"
-    "$PIP" install -q --upgrade "numpy>=2"
+    retry "$PIP" install -q --upgrade "numpy>=2"
     smoke
 fi
 if ! memdiag_ok; then
     say "installing memdiag (editable) with psutil and rich"
-    "$PIP" install -q psutil rich
-    "$PIP" install -q --no-deps -e "$ROOT"
+    retry "$PIP" install -q psutil rich
+    retry "$PIP" install -q --no-deps -e "$ROOT"
     memdiag_ok
 fi
 "$PIP" freeze > "$STAMP"
