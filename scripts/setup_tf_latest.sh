@@ -22,10 +22,10 @@ STAMP="$VENV/.tf-latest-ready"
 say() { printf '[setup-tf-latest] %s\n' "$*"; }
 export TF_CPP_MIN_LOG_LEVEL=2
 
-# A download cut short by the network ("Connection broken: IncompleteRead") fails a whole install:
-# pip resumes a broken download itself (PIP_RESUME_RETRIES, pip >= 25.1; older pips ignore it), and
-# each install or apt-get step is tried up to 3 times, 10 s apart, before the set-up gives up.
-export PIP_RESUME_RETRIES="${PIP_RESUME_RETRIES:-5}"
+# A download cut short by the network ("Connection broken: IncompleteRead", seen once in CI while
+# mpi4py installed) fails a whole install. pip >= 25.1 resumes a broken file download itself
+# (--resume-retries), but not every read it makes; so each install or apt-get step is tried up to
+# 3 times, 10 s apart, before the set-up gives up.
 retry() {
     local attempt
     for attempt in 1 2 3; do
