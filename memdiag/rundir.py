@@ -7,7 +7,8 @@ Three kinds of directory, each named by the file that makes it what it is:
   ``horovod-timeline.json``; the launcher writes ``mpirun.log`` and, at the end, ``summary.json``;
 - a comparison (``compare.json``): one run directory per mode, rank count and repeat
   (:func:`compare_run_name`; MultiWorkerMirroredStrategy's runs prefixed ``tfd-``), plus the verification
-  runs ``verify-nN`` and ``tfd-verify-nN`` (:func:`verify_run_name`);
+  runs ``verify-nN`` and ``tfd-verify-nN`` (:func:`verify_run_name`) and, where a parameter check
+  failed, ``verify-order-nN-MODE`` (:func:`order_run_name`);
 - a scaling study (``scale.json``): one run directory per rank count.
 
 JSON results are written atomically (a temporary file, then a rename), so a reader never sees half a
@@ -62,6 +63,12 @@ def verify_run_name(world_size: int, tf_distribute: bool = False) -> str:
     """A comparison's verification run (the reduction check): ``verify-n{N}``, or for
     MultiWorkerMirroredStrategy ``tfd-verify-n{N}``."""
     return ("tfd-" if tf_distribute else "") + f"verify-n{world_size}"
+
+
+def order_run_name(world_size: int, mode: str) -> str:
+    """A comparison's second look at a failed parameter check: ``mode`` at ``world_size`` again, with
+    MPI's allreduce summing in rank order (``verify-order-n{N}-{mode}``, a verification run)."""
+    return f"verify-order-n{world_size}-{mode}"
 
 
 def is_verify_run(name: str) -> bool:

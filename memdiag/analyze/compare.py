@@ -16,6 +16,8 @@ import statistics
 from collections import defaultdict
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from memdiag import formula, rundir
 from memdiag._errors import UserError
 from memdiag.analyze import verify
@@ -215,6 +217,48 @@ def _parameter_check(n: int, mode: str, reference_mode: str, ref_dir: str, run_d
             "update_allowance": verify.update_allowance(terms) if initial is not None else None}
 
 
+def rank_order_check(check: dict[str, Any], ref_dir: str, ref: dict[str, Any], order_dir: str) -> dict[str, Any]:
+    """A failed parameter check, looked at again: the same mode at the same rank count run once more
+    with Open MPI's allreduce summing the ranks' gradients in rank order, the order in which the
+    allgather path's optimizer sums the gathered rows. The rounding of a float32 sum depends on its
+    order, and Adam divides by sqrt(v): where that is near its epsilon a rounding-sized change of a
+    gradient moves the update by a visible fraction (docs/measurement.md, "When the parameter check
+    fails a correct reduction"). If the re-run, which differs from the measured run in the summation
+    order alone, agrees with the reference within the same tolerance, the difference was the order:
+    the check passes, both figures kept. If not, it stays failed."""
+    order = _parameter_check(check["world_size"], check["mode"], check["against"], ref_dir, order_dir,
+                             ref, load_summary(order_dir))
+    if order["passed"] is None:
+        return check
+    second = {"run": os.path.basename(os.path.normpath(order_dir)), "passed": order["passed"],
+              "max_abs_diff": order["max_abs_diff"], "max_rel_diff": order["max_rel_diff"],
+              "loss_max_rel_diff": order["loss_max_rel_diff"]}
+    return {**check, "passed": order["passed"], "as_run_passed": False, "rank_order": second}
+
+
+def rank_order_candidates(run_dirs: Mapping[tuple[int, str], str],
+                          reference_mode: str = "sparse") -> dict[tuple[int, str], tuple[int, str]]:
+    """The (rank count, mode) pairs whose parameter check fails and whose mode reduces IndexedSlices
+    by dense allreduce: each needs a rank-order run (:func:`rank_order_check`). Each maps to the pair
+    whose run it can share: a mode whose final parameters equal, bit for bit, another candidate's at
+    the same rank count (``auto`` that densified every table is ``dense``) shares that one's run."""
+    summaries = {key: load_summary(path) for key, path in run_dirs.items()}
+    failed = [(c["world_size"], c["mode"]) for c in correctness(dict(run_dirs), summaries, None,
+                                                                   reference_mode)["checks"]
+              if c["passed"] is False and c["mode"] in RANK_ORDER_MODES]
+    shared: dict[tuple[int, str], tuple[int, str]] = {}
+    for key in failed:
+        shared[key] = next((other for other in dict.fromkeys(shared.values())
+                            if other[0] == key[0] and _same_parameters(run_dirs[other], run_dirs[key])), key)
+    return shared
+
+
+def _same_parameters(dir_a: str, dir_b: str) -> bool:
+    a = verify.load_parameters(os.path.join(dir_a, rundir.PARAMETERS))
+    b = verify.load_parameters(os.path.join(dir_b, rundir.PARAMETERS))
+    return set(a) == set(b) and all(np.array_equal(a[k], b[k]) for k in a)
+
+
 def most_terms(summary: dict[str, Any], world_size: int) -> int:
     """The most numbers one reduced gradient element can sum in a run: N x T for a gathered gradient
     (every gathered row may carry the same index), N for a dense one; the shapes come from the policy
@@ -223,10 +267,18 @@ def most_terms(summary: dict[str, Any], world_size: int) -> int:
     return world_size * max([1, *rows])
 
 
+# Modes whose IndexedSlices go through the dense allreduce: a failed parameter check of theirs gets a
+# second look with MPI's allreduce summing in rank order (:func:`rank_order_check`).
+RANK_ORDER_MODES = ("dense", "auto")
+
+
 def correctness(run_dirs: dict[tuple[int, str], str], summaries: dict[tuple[int, str], dict[str, Any]],
-                verify_summary: dict[str, Any] | None = None, reference_mode: str = "sparse") -> dict[str, Any]:
+                verify_summary: dict[str, Any] | None = None, reference_mode: str = "sparse",
+                order_dirs: Mapping[tuple[int, str], str] | None = None) -> dict[str, Any]:
     """Parameters and losses of every mode against the reference mode at the same rank count,
-    and the reduction check of the verification run. ``passed`` is None when nothing could be checked."""
+    and the reduction check of the verification run. ``passed`` is None when nothing could be checked.
+    ``order_dirs``: for a (rank count, mode) whose check failed, the same run again with MPI's
+    allreduce in rank order (:func:`rank_order_check` says what it decides)."""
     checks = []
     for (n, mode), run_dir in sorted(run_dirs.items()):
         ref_key = (n, reference_mode)
@@ -234,8 +286,12 @@ def correctness(run_dirs: dict[tuple[int, str], str], summaries: dict[tuple[int,
             continue
         if summaries[ref_key].get("status") != "ok" or summaries[(n, mode)].get("status") != "ok":
             continue  # a run that did not finish is reported as such, not as a numerical difference
-        checks.append(_parameter_check(n, mode, reference_mode, run_dirs[ref_key], run_dir,
-                                       summaries[ref_key], summaries[(n, mode)]))
+        check = _parameter_check(n, mode, reference_mode, run_dirs[ref_key], run_dir,
+                                 summaries[ref_key], summaries[(n, mode)])
+        order_dir = (order_dirs or {}).get((n, mode))
+        if check["passed"] is False and order_dir is not None:
+            check = rank_order_check(check, run_dirs[ref_key], summaries[ref_key], order_dir)
+        checks.append(check)
     consistent = [s["consistency"].get("ranks_identical") for s in summaries.values()]
     ranks_identical = None if all(c is None for c in consistent) else all(c is not False for c in consistent)
     reduction = reduction_result(verify_summary)
@@ -283,7 +339,7 @@ def headline(rows: Sequence[Mapping[str, Any]]) -> str | None:
 
 
 def build(target: str, preset: str | None, run_dirs: Mapping[tuple[int, str], str | list[str]],
-          verify_dir: str | None = None) -> dict[str, Any]:
+          verify_dir: str | None = None, order_dirs: Mapping[tuple[int, str], str] | None = None) -> dict[str, Any]:
     """The comparison of every (rank count, mode): each key holds one run directory or, with
     ``--repeats``, several; their peaks give the median and the run-to-run spread."""
     repeats = {key: [paths] if isinstance(paths, str) else list(paths) for key, paths in run_dirs.items()}
@@ -308,7 +364,7 @@ def build(target: str, preset: str | None, run_dirs: Mapping[tuple[int, str], st
         "growth_fitted_from_world_size": fit_from,
         "predicted_growth_bytes_per_rank": predicted_growth(summaries),
         "tensors": growth_tensors(summaries),
-        "correctness": correctness(firsts, summaries, verify_summary),
+        "correctness": correctness(firsts, summaries, verify_summary, order_dirs=order_dirs),
         "oversubscribed": any(s.get("oversubscribed") for s in summaries.values()),
         "memory_environment": {k: v for s in summaries.values() for k, v in (s.get("memory_environment") or {}).items()},
         "all_ok": all(r["status"] == "ok" for r in rows),
@@ -432,12 +488,14 @@ def physics(result: dict[str, Any], summaries: dict[tuple[int, str], dict[str, A
 
 def build_engines(target: str, preset: str | None,
                   run_dirs: Mapping[str, Mapping[tuple[int, str], str | list[str]]],
-                  verify_dirs: Mapping[str, str] | None = None) -> dict[str, Any]:
+                  verify_dirs: Mapping[str, str] | None = None,
+                  order_dirs: Mapping[str, Mapping[tuple[int, str], str]] | None = None) -> dict[str, Any]:
     """Every (engine, rank count, mode): each engine's own comparison (``engines``), the rows side by
     side, the verdict across engines and the parameters of each engine against the first one's."""
-    verify_dirs = verify_dirs or {}
+    verify_dirs, order_dirs = verify_dirs or {}, order_dirs or {}
     order = list(run_dirs)
-    results = {engine: {**build(target, preset, dirs, verify_dirs.get(engine)), "engine": engine}
+    results = {engine: {**build(target, preset, dirs, verify_dirs.get(engine), order_dirs.get(engine)),
+                        "engine": engine}
                for engine, dirs in run_dirs.items()}
     firsts = {engine: {key: paths if isinstance(paths, str) else paths[0] for key, paths in dirs.items()}
               for engine, dirs in run_dirs.items()}

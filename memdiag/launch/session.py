@@ -34,6 +34,9 @@ class RunRequest:
     fault: str | None = None  # injected on purpose by tests of the verification
     check_reduction: bool = False  # reduce each IndexedSlices both ways and compare (verification runs)
     engine: str = HOROVOD  # what reduces the gradients: Horovod, or tf.distribute's MultiWorkerMirroredStrategy
+    # Open MPI's allreduce forced to its linear algorithm, which sums the ranks' buffers in rank order
+    # (a comparison's second look at a parameter check that failed: verify-order-nN-MODE)
+    rank_order_allreduce: bool = False
 
     def __post_init__(self) -> None:
         if self.mode is None:
@@ -93,6 +96,11 @@ def _validate_tf_distribute(request: RunRequest) -> None:
         raise UserError(f"--horovod-timeline records Horovod's own timeline: it needs --engine {HOROVOD}")
 
 
+# Open MPI's tuned allreduce, algorithm 1 ("basic linear"): every rank's buffer reduced at rank 0 in rank
+# order, then broadcast. The allgather path sums the gathered rows in the same rank order.
+RANK_ORDER_MCA = ("--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "1")
+
+
 def default_out(request: RunRequest) -> str:
     return rundir.new_dir_name(f"{request.label}-{request.mode}-n{request.world_size}")
 
@@ -134,6 +142,9 @@ def changes_to_job(request: RunRequest) -> list[str]:
     if options.memray:
         changes.append("--memray: every allocation tracked; oneDNN's pooled allocator off (TF_ENABLE_ONEDNN_OPTS=0) "
                        "unless the environment sets it")
+    if request.rank_order_allreduce:
+        changes.append("verification run: Open MPI's allreduce set to its linear algorithm (mpirun "
+                       f"{' '.join(RANK_ORDER_MCA)}), which sums the ranks' gradients in rank order")
     if options.spool == "local":
         changes.append("--spool local: MPI initialised by memdiag before the job (mpi4py, MPI_THREAD_MULTIPLE as "
                        "Horovod asks), to stream every rank's records to rank 0")
@@ -252,7 +263,8 @@ def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None) 
             manifest["tf_ports_by"] = "launcher"
         rundir.write_json(manifest_path, manifest)
     launch = mpirun.Launch(request.world_size, [config.encode()], hosts=options.hosts,
-                           timeout_s=options.timeout_s, extra_env=extra_env)
+                           timeout_s=options.timeout_s, extra_env=extra_env,
+                           mpirun_args=list(RANK_ORDER_MCA) if request.rank_order_allreduce else [])
     watcher = StepWatcher(os.path.join(out, rundir.rank_file(0)))
     # With --spool local rank 0 streams its records into the run directory too (about once a second).
     poll = None if on_steps is None else (lambda: on_steps(watcher.poll()))

@@ -139,22 +139,49 @@ def run_compare(request: CompareRequest, console: Console) -> dict[str, Any]:
                             f"reduction check at N={verify_n}")
             run_out = os.path.join(out, rundir.verify_run_name(verify_n, engine == TF_DISTRIBUTE))
             verify_dirs[engine] = execute(request.check_request(verify_n, run_out, engine))
+        order_dirs = {engine: _rank_order_runs(request, out, engine, run_dirs[engine], progress, overall, console)
+                      for engine in request.engines if engine == HOROVOD}
     preset = None if is_script(request.target) else request.options.preset
     study = {"rank_counts": request.rank_counts, "modes": request.modes, "steps": steps,
              "repeats": request.repeats, "directory": out}
     result: dict[str, Any]
     if request.engine == BOTH:
-        result = comparison.build_engines(label(request.target), preset, run_dirs, verify_dirs)
+        result = comparison.build_engines(label(request.target), preset, run_dirs, verify_dirs, order_dirs)
         for each in result["engines"].values():
             each.update(study)
     else:
         [engine] = request.engines
-        result = comparison.build(label(request.target), preset, run_dirs[engine], verify_dirs.get(engine))
+        result = comparison.build(label(request.target), preset, run_dirs[engine], verify_dirs.get(engine),
+                                  order_dirs.get(engine))
         if engine != HOROVOD:
             result["engine"] = engine  # Horovod's compare.json stays as it was before engines
     result.update(study)
     rundir.write_json(os.path.join(out, rundir.COMPARE_FILE), result)
     return result
+
+
+def _rank_order_runs(request: CompareRequest, out: str, engine: str, runs: dict[tuple[int, str], list[str]],
+                     progress: Progress, overall: TaskID, console: Console) -> dict[tuple[int, str], str]:
+    """Where a densifying mode's final parameters fail the check against sparse, that mode again at
+    that rank count, with Open MPI's allreduce summing in rank order (as the allgather path sums), so
+    that the comparison can tell summation order's rounding from a wrong reduction
+    (:func:`memdiag.analyze.compare.rank_order_check`). A verification run: not measured, not in the
+    table. Horovod over MPI only: MultiWorkerMirroredStrategy's all-reduce is its own."""
+    firsts = {key: paths[0] for key, paths in runs.items()}
+    shared = comparison.rank_order_candidates(firsts)
+    made: dict[tuple[int, str], str] = {}
+    for (n, mode), owner in shared.items():
+        if owner in made:
+            made[(n, mode)] = made[owner]
+            continue
+        progress.update(overall, description=f"N={n} {mode} again, MPI's allreduce in rank order")
+        console.print(f"  N={n} {mode}: parameters beyond the tolerance against sparse; running it again with "
+                      "MPI's allreduce summing in rank order", highlight=False)
+        options = replace(request.options, memray=False, mem_limit_bytes=None, max_warmup=0)
+        rerun = replace(request.run_request(n, mode, os.path.join(out, rundir.order_run_name(n, mode)), engine),
+                        options=options, rank_order_allreduce=True)
+        made[(n, mode)] = execute(rerun)
+    return made
 
 
 # -- memdiag scale -----------------------------------------------------------------------------------

@@ -149,6 +149,15 @@ def correctness_text(result: dict[str, Any], text: Text) -> None:
         for note in c.get("notes", []):
             text.append(f"  {note}\n", style="yellow")
         for check in c["checks"]:
+            again = check.get("rank_order")
+            if again:
+                text.append(f"  N={check['world_size']} {check['mode']} vs {check['against']}: max |diff| "
+                            f"{_num(check['max_abs_diff'])} with MPI's own allreduce order, beyond the tolerance; "
+                            f"run again summing the ranks' gradients in rank order, as the allgather path sums "
+                            f"them ({again['run']}): max |diff| {_num(again['max_abs_diff'])}, ",
+                            style=None if again["passed"] else "red")
+                text.append("within it: the difference was the summation order's rounding\n" if again["passed"]
+                            else "beyond it too\n", style=None if again["passed"] else "red")
             if check["passed"] is False:
                 text.append(f"  N={check['world_size']} {check['mode']} vs {check['against']}: "
                             f"max |diff| {_num(check['max_abs_diff'])}, loss rel diff "

@@ -103,6 +103,13 @@ def test_an_injected_wrong_reduction_fails_the_verification(runs_root):
     assert [check["passed"] for check in c["checks"] if check["mode"] == "dense"] == [False]
     assert c["update_allowance"] is not None and c["update_allowance"] < 0.01
     assert "Correctness FAILED" in result.stdout
+    # AND the second look, the dense run again with MPI's allreduce in rank order, does not excuse it
+    [dense] = [check for check in c["checks"] if check["mode"] == "dense"]
+    assert dense["rank_order"]["run"] == "verify-order-n2-dense" and dense["rank_order"]["passed"] is False
+    again = read_json(out / "verify-order-n2-dense" / "run.json")
+    assert " ".join(again["command"]).count("--mca coll_tuned_allreduce_algorithm 1") == 1
+    assert {r["run_dir"].rstrip("/").rsplit("/", 1)[-1] for r in read_json(out / "compare.json")["rows"]} == \
+        {"n2-sparse", "n2-dense"}
 
 
 def test_merging_that_drops_duplicates_fails_the_verification(runs_root):
