@@ -308,3 +308,5 @@ class CrossEngineCheck(TypedDict, total=False):
     terms: int | None
     worst_variable: str | None  # the variable with the largest |diff|
     note: str
+    as_run_passed: bool  # present (False) where a second look decided: against the reference's rank-order run
+    rank_order: dict[str, Any]  # that second look: run, passed, max_abs_diff, max_rel_diff, loss_max_rel_diff

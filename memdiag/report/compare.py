@@ -376,6 +376,14 @@ def engines_details(result: dict[str, Any]) -> Text:
                     f"rtol {c['rtol']:g}, atol {c['atol']:g}"
                     + (f", + {allowance:.2g} of each variable's largest update" if allowance else "") + ")\n")
         for check in compared:
+            again = check.get("rank_order")
+            if again:
+                text.append(f"  N={check['world_size']} {check['mode']}: max |diff| {_num(check['max_abs_diff'])} "
+                            f"against {check['against_engine']}'s run, beyond the tolerance; against its run again "
+                            f"with MPI's allreduce in rank order ({again['run']}): max |diff| "
+                            f"{_num(again['max_abs_diff'])}, "
+                            + ("within it: the summation order's rounding\n" if again["passed"] else "beyond it too\n"),
+                            style=None if again["passed"] else "red")
             if check["passed"] is False:
                 text.append(f"  N={check['world_size']} {check['mode']}: max |diff| {_num(check['max_abs_diff'])} "
                             f"in {check.get('worst_variable')}, loss rel diff {_num(check['loss_max_rel_diff'])}\n",

@@ -164,3 +164,22 @@ def test_only_failed_densifying_modes_get_a_rank_order_run_and_equal_parameters_
     shared = rank_order_candidates(dirs)
     # THEN N=4 auto and dense, one run for both (dedup's rows never pass through the allreduce)
     assert shared == {(4, "auto"): (4, "auto"), (4, "dense"): (4, "auto")}
+
+
+def test_across_engines_a_failed_pair_is_compared_again_with_the_references_rank_order_run(tmp_path):
+    from memdiag.analyze.compare import across_engines
+
+    # GIVEN Horovod dense and MWMS dense 1e-4 apart in one element, and Horovod's dense again in rank
+    # order 1e-8 from MWMS's
+    runs = {"horovod": {(4, "dense"): _run(tmp_path, "h", [0.5, -0.25, 1.0])},
+            "tf-distribute": {(4, "dense"): _run(tmp_path, "t", [0.5001, -0.25, 1.0])}}
+    summaries = {e: {k: json.loads(open(f"{p}/summary.json").read()) for k, p in d.items()} for e, d in runs.items()}
+    again = _run(tmp_path, "verify-order-n4-dense", [0.50009999, -0.25, 1.0])
+    # WHEN compared without, then with, that run
+    [alone] = across_engines(["horovod", "tf-distribute"], runs, summaries)
+    [looked] = across_engines(["horovod", "tf-distribute"], runs, summaries, {(4, "dense"): again})
+    # THEN alone it fails; with it, it passes, the first figure kept beside the second
+    assert alone["passed"] is False and "rank_order" not in alone
+    assert looked["passed"] is True and looked["as_run_passed"] is False
+    assert abs(looked["max_abs_diff"] - 1e-4) < 1e-6 and looked["rank_order"]["max_abs_diff"] < 1e-7
+    assert looked["rank_order"]["run"] == "verify-order-n4-dense"
