@@ -22,22 +22,9 @@ STAMP="$VENV/.tf-latest-ready"
 say() { printf '[setup-tf-latest] %s\n' "$*"; }
 export TF_CPP_MIN_LOG_LEVEL=2
 
-# A download cut short by the network ("Connection broken: IncompleteRead", seen once in CI while
-# mpi4py installed) fails a whole install. pip >= 25.1 resumes a broken file download itself
-# (--resume-retries), but not every read it makes; so each install or apt-get step is tried up to
-# 3 times, 10 s apart, before the set-up gives up.
-retry() {
-    local attempt
-    for attempt in 1 2 3; do
-        if "$@"; then return 0; fi
-        if [ "$attempt" -lt 3 ]; then
-            printf '[setup-tf-latest] attempt %s of 3 failed: %s; trying again in 10 s\n' "$attempt" "$*" >&2
-            sleep 10
-        fi
-    done
-    printf '[setup-tf-latest] failed 3 times: %s\n' "$*" >&2
-    return 1
-}
+SETUP_TAG=setup-tf-latest
+# shellcheck source=scripts/retry.sh
+source "$ROOT/scripts/retry.sh"  # retry CMD...: up to 3 tries
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
