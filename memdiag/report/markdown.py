@@ -52,6 +52,13 @@ def compare_markdown(result: dict[str, Any]) -> str:
                     [[m, format_bytes(v)] for m, v in result["growth_bytes_per_rank"].items()])
     c = result["correctness"]
     verdict = f"Correctness passed: {c['passed']} (max abs diff {c['max_abs_diff']}, max rel diff {c['max_rel_diff']})"
+    for check in c.get("checks", []):
+        again = check.get("rank_order")
+        if again:
+            verdict += (f"\n\n- N={check['world_size']} {check['mode']} vs {check['against']}: max abs diff "
+                        f"{check['max_abs_diff']:.3g} as run, beyond the tolerance; again with MPI's allreduce in "
+                        f"rank order (`{again['run']}`): {again['max_abs_diff']:.3g}, "
+                        + ("within it" if again["passed"] else "beyond it too"))
     return f"## compare sparse-vs-dense: {result['workload']}\n\n{rows}\n\n{growth}\n\n{verdict}\n"
 
 

@@ -44,3 +44,7 @@ def test_a_rounding_failure_is_looked_at_again_in_rank_order_and_passes(runs_roo
     assert "coll_tuned_allreduce_algorithm" not in measured
     assert "--mca coll_tuned_allreduce_algorithm 1" in " ".join(rerun["command"])
     assert any("linear algorithm" in change for change in rerun["changes_to_job"])
+    # AND the directory alone re-renders it, in Markdown too
+    markdown = memdiag("report", str(out), "--format", "markdown")
+    assert markdown.returncode == 0 and "again with MPI's allreduce in rank order (`verify-order-n4-dense`)" \
+        in markdown.stdout
