@@ -230,10 +230,14 @@ def rank_order_check(check: dict[str, Any], ref_dir: str, ref: dict[str, Any], o
                              ref, load_summary(order_dir))
     if order["passed"] is None:
         return check
-    second = {"run": os.path.basename(os.path.normpath(order_dir)), "passed": order["passed"],
-              "max_abs_diff": order["max_abs_diff"], "max_rel_diff": order["max_rel_diff"],
-              "loss_max_rel_diff": order["loss_max_rel_diff"]}
-    return {**check, "passed": order["passed"], "as_run_passed": False, "rank_order": second}
+    return {**check, "passed": order["passed"], "as_run_passed": False, "rank_order": _second_look(order, order_dir)}
+
+
+def _second_look(found: dict[str, Any], order_dir: str) -> dict[str, Any]:
+    """What compare.json keeps of a check against a rank-order run (``rank_order``)."""
+    return {"run": os.path.basename(os.path.normpath(order_dir)), "passed": found["passed"],
+            "max_abs_diff": found["max_abs_diff"], "max_rel_diff": found["max_rel_diff"],
+            "loss_max_rel_diff": found["loss_max_rel_diff"]}
 
 
 def rank_order_candidates(run_dirs: Mapping[tuple[int, str], str],
@@ -625,10 +629,7 @@ def across_engines(order: Sequence[str], run_dirs: Mapping[str, Mapping[tuple[in
                 if again["passed"] is not None:
                     check["as_run_passed"] = False
                     check["passed"] = again["passed"]
-                    check["rank_order"] = {"run": os.path.basename(os.path.normpath(order_dir)),
-                                           "passed": again["passed"], "max_abs_diff": again["max_abs_diff"],
-                                           "max_rel_diff": again["max_rel_diff"],
-                                           "loss_max_rel_diff": again["loss_max_rel_diff"]}
+                    check["rank_order"] = _second_look(again, order_dir)
             checks.append(check)
     return checks
 
