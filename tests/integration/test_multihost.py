@@ -2,8 +2,9 @@
 the run directory visible to the launching host only (``--spool local``).
 
 Real mpirun, real Horovod (and one run of TensorFlow's MultiWorkerMirroredStrategy, ``--engine
-tf-distribute``, whose ranks exchange their own addresses and ports). Skipped, with the reason, where a
-host's namespaces cannot be created; run them alone with
+tf-distribute``, whose ranks exchange their own addresses and ports). Skipped, with the reason, only where
+this machine refuses a host's namespaces (tests/hosts/simulated.py probes that alone); any other failure
+to set up the hosts fails the tests. Run them alone with
 
     .venv/bin/python -m pytest tests/integration/test_multihost.py
 """
@@ -24,7 +25,8 @@ import pytest
 from memdiag.collect import RankRecords, read_rank_file
 from memdiag.launch.mpirun import placement
 from tests.helpers import read_json, read_records
-from tests.hosts.simulated import SimulatedCluster, agent_env, mpirun_base, processes_matching, unavailable_reason
+from tests.hosts.simulated import (SimulatedCluster, agent_env, layout_problem, mpirun_base, namespaces_unavailable,
+                                   processes_matching)
 
 pytestmark = pytest.mark.mpi
 HOSTS = "hostA:2,hostB:2"
@@ -36,9 +38,12 @@ AUTOGRAPH = "__autograph_generated_file"
 
 @pytest.fixture(scope="module")
 def cluster():
-    reason = unavailable_reason()
+    reason = namespaces_unavailable()  # a SetupError (another failure of the probe) fails the tests
     if reason is not None:
         pytest.skip(f"hosts cannot be simulated here: {reason}")
+    problem = layout_problem()
+    if problem is not None:
+        pytest.fail(f"simulated hosts cannot be set up: {problem}")
     simulated = SimulatedCluster(launch_host="hostA")
     yield simulated
     simulated.remove()
