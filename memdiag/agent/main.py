@@ -28,31 +28,25 @@ from typing import Any, Callable
 
 from memdiag import rundir
 from memdiag.agent import delivery as _delivery
+from memdiag.agent import launcher_env
 from memdiag.agent.config import HOROVOD, TF_DISTRIBUTE, AgentConfig
 from memdiag.agent.records import RecordWriter
 from memdiag.agent.sampler import MemorySampler, read_hwm
 from memdiag.agent.tracer import Tracer
 
 
+# Rank, size and ranks on this node as the launcher set them (mpirun, srun, horovodrun, Hydra):
+# memdiag.agent.launcher_env, where each launcher's variables are read.
 def _rank_from_env() -> int:
-    for key in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "HOROVOD_RANK"):
-        if key in os.environ:
-            return int(os.environ[key])
-    return 0
+    return launcher_env.current(os.environ).rank
 
 
 def _ranks_on_node() -> int:
-    for key in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "HOROVOD_LOCAL_SIZE"):
-        if key in os.environ:
-            return int(os.environ[key])
-    return 1
+    return launcher_env.current(os.environ).local_size
 
 
 def _world_size_from_env() -> int:
-    for key in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "HOROVOD_SIZE"):
-        if key in os.environ:
-            return int(os.environ[key])
-    return 1
+    return launcher_env.current(os.environ).size
 
 
 def main(argv: list[str] | None = None) -> int:
