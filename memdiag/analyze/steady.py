@@ -1,12 +1,25 @@
-"""Steady state: from which step a rank's per-step peak has stopped rising.
+"""Steady state: the last steps of a rank, where its per-step peak has stopped moving.
 
 The first steps of a run are not typical: step 0 traces the graph and builds TensorFlow's caches, and
-the allocator keeps growing its arenas for a few steps. The rule: the steady state begins with the first
-of two consecutive training steps whose peaks differ by at most 1% (of the earlier one); its figures are
-the largest over that step and every later one. A run whose peaks never settle is reported as not
-steady, with figures from its last two steps, so a reader knows to run more steps. A script's last
-step (``tail`` in its record) also holds what the script did after its loop, so it is left out of the
-steady figures and reported apart (``tail_peak_rss_bytes``).
+the allocator keeps growing its arenas for a few steps. The rule (:func:`steady_start`): the steady
+window is the longest run of training steps at the end, at least ``STEADY_MIN_STEPS`` (3) long, that
+
+- lies in one band: its largest peak is at most ``STEADY_TOLERANCE`` (1%) above its smallest, and
+- has no upward trend: the least-squares slope of its peaks, times the number of training steps in the
+  run, is at most ``STEADY_TOLERANCE`` of its smallest peak (at the window's rate, the whole run would
+  not have grown by more than the tolerance).
+
+Its figures are the largest over the window. So a series that grows at a constant rate is steady only
+if it grew by less than the tolerance over the whole run, however its steps pair up; a late jump, or an
+oscillation wider than the tolerance, leaves no window. Three steps, not two: two peaks give one
+difference, which a step of a growing series can match by chance (1000, 1005, 1200, ..., 1800 agreed
+within 1% at its first two); three show whether the level holds. What the rule cannot see is a rise
+within the tolerance over the run (about 10 MiB at 1 GiB): within-run noise of the peaks is a few
+pages to 1 MiB at a level (the high-water mark is exact per step), the run-to-run noise (tens of MiB,
+docs/measurement.md) is measured by ``--repeats``, not here. A run whose peaks leave no window is
+reported as not steady, with figures from its last ``STEADY_MIN_STEPS`` steps, so a reader knows to run
+more steps. A script's last step (``tail`` in its record) also holds what the script did after its
+loop, so it is left out of the steady figures and reported apart (``tail_peak_rss_bytes``).
 
 Which phase set the peak: allocators keep what they were given, so RSS hardly falls within a run and
 the steady peak is the level the run was pushed to. The compute peak is RSS when the first gradient
@@ -22,17 +35,36 @@ from typing import Any, Sequence
 
 from memdiag.agent.records import in_window
 
+# Within-run noise of a level's per-step peak is far below it (module docstring).
 STEADY_TOLERANCE = 0.01
+STEADY_MIN_STEPS = 3  # two peaks show one difference, three whether the level holds
 REGIME_TOLERANCE = 0.01
 _AGGREGATES = ("t_first", "rss_first", "t_last", "rss_last", "rss_max")
 
 
 def steady_start(peaks: Sequence[float]) -> tuple[int, bool]:
-    """(index of the first steady step, whether the peaks settled at all)."""
-    for k in range(1, len(peaks)):
-        if abs(peaks[k] - peaks[k - 1]) <= STEADY_TOLERANCE * peaks[k - 1]:
-            return k - 1, True
-    return max(0, len(peaks) - 2), False
+    """(index of the first step of the steady window, whether there is one); without one, the index of
+    the first of the last ``STEADY_MIN_STEPS`` steps. The module's docstring states the rule."""
+    n = len(peaks)
+    for start in range(n - STEADY_MIN_STEPS + 1):  # the longest window first
+        if _steady_window(peaks[start:], n):
+            return start, True
+    return max(0, n - STEADY_MIN_STEPS), False
+
+
+def _steady_window(window: Sequence[float], run_steps: int) -> bool:
+    level = min(window)
+    if max(window) - level > STEADY_TOLERANCE * level:
+        return False
+    return least_squares_slope(window) * run_steps <= STEADY_TOLERANCE * level
+
+
+def least_squares_slope(values: Sequence[float]) -> float:
+    """The slope of the least-squares line through ``values`` at steps 0, 1, ... (per step)."""
+    n = len(values)
+    mean_x, mean_y = (n - 1) / 2, sum(values) / n
+    spread = sum((x - mean_x) ** 2 for x in range(n))
+    return sum((x - mean_x) * (y - mean_y) for x, y in enumerate(values)) / spread if spread else 0.0
 
 
 def steady_figures(steps: list[dict[str, Any]], memory: list[dict[str, Any]] | None = None) -> dict[str, Any]:

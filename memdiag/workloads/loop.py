@@ -88,12 +88,12 @@ def train(
 
 
 def _all_settled(peaks: list[int], agree_max: Callable[[int], int] | None) -> bool:
-    """Whether every rank's per-step peak has settled: one max-reduction of "not yet" over the ranks
-    (memdiag's own, never recorded as the job's), so that every rank runs the same steps."""
+    """Whether every rank's per-step peak has settled (memdiag.analyze.steady's rule, the one the
+    steady figures use): one max-reduction of "not yet" over the ranks (memdiag's own, never recorded
+    as the job's), so that every rank runs the same steps."""
     from memdiag.analyze.steady import steady_start
 
-    settled = len(peaks) >= 2 and steady_start(peaks)[1]
-    not_yet = 0 if settled else 1
+    not_yet = 0 if steady_start(peaks)[1] else 1
     if agree_max is None:
         from memdiag.densify import agree_max_rows
 

@@ -8,12 +8,14 @@ from memdiag.analyze.steady import steady_figures, steady_start
 MiB = 2**20
 
 
-def test_the_steady_state_begins_where_two_consecutive_peaks_agree_within_one_percent():
+def test_the_design_notes_rising_runs_are_not_steady():
     # the design notes' N=1 sparse run kept rising (1080, 1099, 1223 MiB): never steady in 3 steps
-    assert steady_start([1080, 1099, 1223]) == (1, False)
-    # 1223 -> 1230 is +0.6%: steady from the step that reached 1223
-    assert steady_start([1080, 1099, 1223, 1230, 1228]) == (2, True)
-    assert steady_start([500]) == (0, False)
+    assert steady_start([1080, 1099, 1223]) == (0, False)
+    # 1223, 1230, 1228 lie within 1%, but their trend (2.5 MiB a step) over the run's 5 steps is
+    # 12.5 MiB, above 1% of 1223 MiB: not steady yet
+    assert steady_start([1080, 1099, 1223, 1230, 1228]) == (2, False)
+    # one step more at that level: the trend over the last four is 1.3 MiB a step x 6 = 7.8 MiB
+    assert steady_start([1080, 1099, 1223, 1230, 1228, 1228]) == (2, True)
 
 
 def _step(k, peak, start=None, end=None):
@@ -33,7 +35,8 @@ def test_gathered_buffers_that_push_rss_past_the_compute_peak_set_it():
               _mem(0, [(1.0, 1000), (1.6, 1100), (1.9, 1200), (2.5, 1200)]),
               _mem(1, [(3.0, 1205), (3.6, 1205)]), _mem(2, [(5.0, 1206), (5.6, 1206)])]
     figures = steady_figures(steps, memory)
-    # THEN the steady state starts at step 0 (1200 -> 1205 is within 1%), the first step is apart,
+    # THEN the steady state starts at step 0 (1200, 1205, 1206 lie within 1%, with a trend of 3 MiB a
+    # step x 3 steps, within 1% of 1200 MiB), the first step is apart,
     # and the collectives set the peak: +200 MiB in windows against +6 MiB in compute
     assert figures["steady"] is True and figures["steady_from_step"] == 0
     assert figures["first_step_peak_rss_bytes"] == 1200 * MiB and figures["steady_peak_rss_bytes"] == 1206 * MiB
