@@ -123,10 +123,12 @@ class MemorySampler:
         return peak, times, rss
 
     def restart_peak(self) -> None:
-        """Start the running peak afresh from the current RSS (samples are kept)."""
+        """Start the step afresh: the running peak from the current RSS, and no samples before it (what
+        ran since the last :meth:`take_step` belongs to no step)."""
         current = read_rss()
+        now = time.time()
         with self._lock:
-            self._step_peak = current
+            self._times, self._rss, self._step_peak = [now], [current], current
 
     def _loop(self) -> None:
         last_tick = time.monotonic()

@@ -8,6 +8,11 @@ much RSS rose in each. The bytes of
 collective outputs received in a step (with Horovod's averaged copy of gathered values) are summed: all
 of them are alive until the step's update has consumed them.
 
+A step's memory figures are measured from its beginning to its end: what runs between two steps (the
+parameter digest, rank 0's parameter save, the warm-up vote) is in no step, and memdiag's own work
+inside a step (:meth:`Tracer.own_work`) is cut out of it; each such span is written as an ``own_work``
+record with its own peak.
+
 A user's script is not changed, so its steps are found from the collectives themselves: the first
 gradient reduction to start is the anchor, and each time it starts again a new step begins (a script
 that reduces no gradient through Horovod's gradient functions is stepped by its first collective that
@@ -20,7 +25,9 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Any, Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 from memdiag.agent.records import CollectiveRecords, RecordWriter, SeriesPolicy, mem_record
 from memdiag.agent.sampler import HighWaterMark, MemorySampler
@@ -28,6 +35,17 @@ from memdiag.agent.sampler import HighWaterMark, MemorySampler
 SETUP_STEP = -1
 # Collective record fields that only some engines' hooks give (memdiag.agent.hooks_tf).
 OPTIONAL_FIELDS = ("engine", "stage", "padded", "pack_members")
+
+
+@dataclass
+class _Span:
+    """Part of a step's memory figures: its sampled peak, the high-water mark's exact peak (None:
+    unknown), and its samples."""
+
+    sampled: int
+    exact: int | None
+    times: list[float]
+    rss: list[int]
 
 
 class Tracer:
@@ -46,6 +64,10 @@ class Tracer:
         self.max_steps = max_steps
         self.step = SETUP_STEP
         self._step_start = time.time()
+        # The set-up step runs from the tracer's creation (the sampler's series began before it); a
+        # later step's figures begin with the step.
+        self._in_step = True
+        self._spans: list[_Span] = []  # the current step's figures before memdiag's own work cut them
         self.hwm = HighWaterMark()
         self._lock = threading.RLock()
         self._anchor: tuple | None = None
@@ -67,6 +89,10 @@ class Tracer:
         with self._lock:
             self.step = step
             self._step_start = time.time()
+            if not self._in_step:  # what ran since the last step ended belongs to no step
+                self.sampler.restart_peak()
+            self._in_step = True
+            self._spans = []
             self.hwm.start()
             self._received = []
             self._window = [None, None]
@@ -79,11 +105,16 @@ class Tracer:
         with self._lock:
             step = self.step if step is None else step
             now = time.time()
-            sampled, times, rss = self.sampler.take_step()
-            # The high-water mark since the step began: the exact peak, which catches allocations
-            # shorter than the sampling interval.
-            exact = self.hwm.peak()
-            peak = sampled if exact is None else max(sampled, exact)
+            spans = [*self._spans, self._take_span(self.hwm.peak())]
+            self._spans = []
+            self._in_step = False
+            sampled = max(span.sampled for span in spans)
+            times = [t for span in spans for t in span.times]
+            rss = [r for span in spans for r in span.rss]
+            # The high-water mark since the step began (or since memdiag's own work in it ended): the
+            # exact peak, which catches allocations shorter than the sampling interval.
+            exact = [span.exact for span in spans if span.exact is not None]
+            peak = max([sampled, *exact])
             start, end = self._window
             if start is not None and not self.auto_steps:
                 end = now
@@ -96,14 +127,15 @@ class Tracer:
                 "peak_rss_bytes": peak,
                 "sampled_peak_rss_bytes": sampled,
                 "hwm_bytes": self.hwm.run_peak(),
-                "exact_peak": exact is not None,
+                "exact_peak": len(exact) == len(spans),
                 **phase_rises(times, rss, start, end),
                 "collective_live_peak_bytes": self._live_collective_bytes(),
             }
-            for hook in self.on_step_end:
-                record.update(hook(step) or {})
             if self.on_step_end:
-                self.sampler.restart_peak()  # what the hooks allocated belongs to no step
+                # After the step's figures are taken: what the hooks allocate belongs to no step.
+                with self.own_work("on_step_end"):
+                    for hook in self.on_step_end:
+                        record.update(hook(step) or {})
             record.update({k: _finite(v) for k, v in extra.items()})
             if step >= 0:
                 self.step_peaks.append(peak)
@@ -111,6 +143,36 @@ class Tracer:
                 self.writer.add(mem_record(step, times, rss, start, end, self._series.keep(step, start)))
             self.writer.add(record)
             self.writer.flush()
+
+    def _take_span(self, exact: int | None) -> _Span:
+        """The sampler's peak and samples since the step began or memdiag's own work in it ended."""
+        sampled, times, rss = self.sampler.take_step()
+        return _Span(sampled, exact, times, rss)
+
+    @contextmanager
+    def own_work(self, what: str) -> Iterator[None]:
+        """memdiag's own work (saving or digesting parameters, verification copies): in a step, it is
+        cut out of the step's figures (its samples dropped, the peak and the high-water mark taken
+        before it and again after it); between steps, it is in none. Either way an ``own_work`` record
+        gives its span, the RSS before and after it, and its peak."""
+        with self._lock:
+            before = self._take_span(self.hwm.peak())
+            if self._in_step:
+                self._spans.append(before)
+            self.hwm.start()
+            t_start = time.time()
+        try:
+            yield
+        finally:
+            with self._lock:
+                sampled, _, rss = self.sampler.take_step()  # the span's samples belong to no step
+                exact = self.hwm.peak()
+                self.hwm.start()
+                self.writer.add({
+                    "type": "own_work", "what": what, "step": self.step, "within_step": self._in_step,
+                    "t_start": t_start, "t_end": time.time(), "rss_before_bytes": before.rss[-1],
+                    "peak_rss_bytes": sampled if exact is None else max(sampled, exact), "rss_after_bytes": rss[-1],
+                })
 
     def finish(self) -> None:
         """End the step in progress of an auto-stepped script: its tail, which holds what the script

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from memdiag.collect import read_rank_file
 from memdiag.workloads.configs import PRESETS
 from tests.helpers import memdiag, read_json
 
@@ -80,3 +81,27 @@ def test_projection_from_the_study_treats_sparse_and_dense_alike_for_resnet50(st
         cells = [c.strip() for c in line.strip("│").split("│")]
         assert cells[1] == cells[2] and cells[3] == cells[4], line  # weak and strong: sparse == dense
     assert (out / "scale.json").read_text() == saved  # --from reads, never rewrites
+
+
+def test_a_rank_killed_by_the_memory_limit_is_named_as_memdiag_run_names_it(runs_root):
+    # GIVEN a limit of 200 MiB, below what a rank holds once TensorFlow is imported
+    limit = 200 * 2**20
+    out = runs_root / "scale-resnet50-killed"
+    # WHEN a one-rank study runs under it
+    result = memdiag("scale", "resnet50", "--ranks", "1", "--weak", "--steps", "1", "--mem-limit", str(limit),
+                     "--out", str(out))
+    assert result.returncode == 1, result.stdout + result.stderr
+    # THEN rank 0 was killed by the limit, as its own record says
+    killed = read_rank_file(str(out / "n1" / "rank-0.jsonl"), 0).killed
+    assert killed is not None and killed["reason"] == "mem-limit"
+    assert killed["limit_bytes"] == limit < killed["rss_bytes"]
+    # and the study names the kill, the step and the limit in the words of `memdiag run`'s report
+    failure = read_json(out / "n1" / "summary.json")["failure"]
+    assert failure["kind"] == "mem-limit"
+    assert failure["headline"].startswith(f"rank 0 killed at step {killed['step']} by the memory limit")
+    assert "200 MiB" in failure["headline"]
+    scale = read_json(out / "scale.json")
+    assert any(failure["headline"] in warning for warning in scale["warnings"]), scale["warnings"]
+    assert failure["headline"] in " ".join(result.stdout.split()), result.stdout
+    # and the point's run.json says killed, not died
+    assert read_json(out / "n1" / "run.json")["rank_status"] == {"0": "killed"}

@@ -4,6 +4,9 @@ settled; every rank runs the same steps, and the parameters compared between mod
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import pytest
 
 from memdiag.workloads import loop
@@ -25,6 +28,10 @@ class FakeTracer:
         if step >= 0:
             self.step_peaks.append(self.script[step])
             self.steps.append((step, bool(extra.get("warmup"))))
+
+    @contextmanager
+    def own_work(self, what: str) -> Iterator[None]:
+        yield
 
 
 def _train(monkeypatch, peaks, steps, max_warmup, other_ranks_settled=True):
