@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     tracker = _start_memray(config, spool, rank)
     sampler.on_tick = writer.flush
     tracer: Tracer | None = None
+    _end_on_termination(writer, lambda: tracer, lambda: delivery)
     try:
         delivery = _delivery.start(config, rank, spool)
         if tf_config is not None and tf_config.get("error"):
@@ -138,6 +139,59 @@ def main(argv: list[str] | None = None) -> int:
         # MWMS: gRPC and the coordination service are not torn down (their shutdown can hang or abort).
         _exit_without_teardown(exit_code)
     return exit_code
+
+
+# How a batch system ends a job (scancel, a time limit; mpirun and memdiag agent pass it on): SIGTERM,
+# then SIGKILL after a grace period (Slurm's KillWait, mpirun's odls_base_sigkill_timeout).
+_TERMINATING = (signal.SIGTERM,)
+
+
+def _on_terminating_signal(signum: int, frame: object) -> None:
+    """memdiag's Python-level handler of SIGTERM: it does nothing itself; the thread of
+    :func:`_end_on_termination` acts (the main thread may be blocked in a collective)."""
+
+
+def _end_on_termination(writer: RecordWriter, tracer_of: Callable[[], Tracer | None],
+                        delivery_of: Callable[[], _delivery.Delivery | None]) -> None:
+    """On SIGTERM, write where this rank was (a ``terminated`` record: the step, the collective in
+    flight) and its ``end`` record (status ``terminated``), hand the records on (``--spool local``), and
+    exit with 128 + the signal, as the signal's default would, at once: from a thread of its own, woken
+    through Python's wakeup file descriptor, since the main thread may be blocked in a collective that
+    a peer, already gone, never joins. A script that installs its own SIGTERM handler keeps it (and its
+    own way of ending)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    for sig in _TERMINATING:
+        signal.signal(sig, _on_terminating_signal)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while True:
+            for signum in os.read(read_fd, 64):
+                if signum in _TERMINATING and signal.getsignal(signum) is _on_terminating_signal:
+                    _terminated(signum, writer, tracer_of(), delivery_of())
+
+    threading.Thread(target=watch, name="memdiag-signals", daemon=True).start()
+
+
+def _terminated(signum: int, writer: RecordWriter, tracer: Tracer | None, delivery: _delivery.Delivery | None) -> None:
+    name = signal.Signals(signum).name
+    step = tracer.step if tracer is not None else None
+    where = f"at step {step}" if step is not None and step >= 0 else "before the first step"
+    writer.write_now({"type": "terminated", "signal": name, "step": step,
+                      "in_flight": tracer.in_flight() if tracer is not None else None})
+    writer.write_now({"type": "end", "status": "terminated", "signal": name, "step": step,
+                      "error": f"terminated by {name} {where}",
+                      "hwm_bytes": tracer.hwm.run_peak() if tracer is not None else read_hwm()})
+    if delivery is not None:
+        delivery.before_kill()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(128 + signum)
 
 
 def _abort(code: int) -> None:
