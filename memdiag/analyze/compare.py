@@ -3,7 +3,7 @@
 With two engines (``memdiag compare --engine both``) each engine's runs make the comparison above on
 their own (:func:`build`), and :func:`build_engines` sets them side by side: per rank count, engine and
 mode the steady peak, the bytes gathered and all-reduced, MultiWorkerMirroredStrategy's padding, and
-what the formula (:mod:`memdiag.formula`) predicted from the shapes known before the run; a verdict
+what the formula (:mod:`memdiag.formula`) predicted from every rank's own rows in; a verdict
 across the engines; and the final parameters of each engine against the first engine's (the
 reference, Horovod) at the same rank count and mode. Engines are told apart by the data: an engine
 pads its gathers when its policy records carry every worker's rows (``rows_per_worker``).
@@ -67,25 +67,32 @@ def growth(rows: Sequence[Mapping[str, Any]], key: str, min_world_size: int = 1)
     return result
 
 
-def predicted_growth(summaries: dict[tuple[int, str], dict[str, Any]]) -> int | None:
-    """Bytes each added rank adds to every rank's allgather output: the formula's N coefficient,
-    sum over IndexedSlices gradients of rows_per_rank x (row_bytes + index_bytes).
+def predicted_growth(summaries: dict[tuple[int, str], dict[str, Any]], min_world_size: int = 1) -> int | None:
+    """Bytes each added rank adds to every rank's allgather output by the formula, fitted per added rank
+    as the measured growth is (over the sparse runs of N >= ``min_world_size``): at each N the formula
+    with the rows that run gathered, the sum over its ranks of each rank's own rows (allgatherv gathers
+    them all), so ranks with different rows count as they are; 0 at one rank, which runs no collective.
+    With one such run, its formula bytes over its N (the mean rows per rank).
 
-    The sizes come from the policy records, which read the gradients' static shapes when the graph is
-    built, before any collective runs: an independent prediction, not the measured bytes restated.
+    The rows are each rank's own rows in (read from its graph when traced, else from its records),
+    never the gathered bytes out: an independent prediction, not the measured bytes restated.
     """
-    sparse = [(n, s) for (n, mode), s in summaries.items() if mode == "sparse" and n > 1]
-    if not sparse:
+    points = sorted((n, predicted_gathered(s, n)) for (n, mode), s in summaries.items()
+                    if mode == "sparse" and n >= min_world_size)
+    known = [(n, g) for n, g in points if g is not None]
+    if not known or all(n == 1 for n, _ in known):
         return None
-    _, summary = max(sparse, key=lambda item: item[0])
-    shapes = [p for p in summary.get("policy", []) if p.get("rows_per_rank") is not None]
-    if not shapes:
-        return None
-    return sum(formula.gathered_bytes(1, p["rows_per_rank"], p["row_bytes"], p["index_bytes"]) for p in shapes)
+    fit = linear_fit([float(n) for n, _ in known], [float(g) for _, g in known])
+    if fit is None:
+        n, gathered = max(known)
+        return round(gathered / n)
+    return round(fit[0])
 
 
-def growth_tensors(summaries: dict[tuple[int, str], dict[str, Any]]) -> list[dict[str, Any]]:
-    """The IndexedSlices gradients that were gathered, with what auto chose for each and why."""
+def growth_tensors(summaries: dict[tuple[int, str], dict[str, Any]], min_world_size: int = 1) -> list[dict[str, Any]]:
+    """The IndexedSlices gradients that were gathered, with what auto chose for each and why. A tensor's
+    growth per added rank is its gathered bytes (from the records) fitted over the sparse runs of
+    N >= ``min_world_size`` as the formula's are (:func:`predicted_growth`); with one run, its bytes over N."""
     sparse = [(n, s) for (n, mode), s in summaries.items() if mode == "sparse" and n > 1]
     autos = [(n, s) for (n, mode), s in summaries.items() if mode == "auto"]
     auto_policy = {}
@@ -96,13 +103,13 @@ def growth_tensors(summaries: dict[tuple[int, str], dict[str, Any]]) -> list[dic
     tensors: dict[str, dict[str, Any]] = {}
     if sparse:
         n, summary = max(sparse, key=lambda item: item[0])
-        for c in summary["collectives"]:
-            if c["op"] != "allgather" or not c["sparse"]:
-                continue
-            entry = tensors.setdefault(c["name"], {"name": c["name"], "growth_bytes_per_rank": 0,
-                                                   "gathered_bytes": 0, "at_world_size": n})
-            entry["growth_bytes_per_rank"] += c["bytes_in_per_rank"]
-            entry["gathered_bytes"] += c["bytes_out_per_rank"]
+        by_n = {m: _gathered_by_tensor(s) for (m, mode), s in summaries.items()
+                if mode == "sparse" and m >= min_world_size}
+        for name, gathered in _gathered_by_tensor(summary).items():
+            points = sorted((m, found.get(name, 0)) for m, found in by_n.items())
+            fit = linear_fit([float(m) for m, _ in points], [float(g) for _, g in points])
+            tensors[name] = {"name": name, "growth_bytes_per_rank": round(gathered / n) if fit is None else round(fit[0]),
+                             "gathered_bytes": gathered, "at_world_size": n}
     for name, policy in auto_policy.items():
         entry = tensors.setdefault(name, {"name": name, "growth_bytes_per_rank": None,
                                           "gathered_bytes": None, "at_world_size": None})
@@ -111,6 +118,16 @@ def growth_tensors(summaries: dict[tuple[int, str], dict[str, Any]]) -> list[dic
         entry["auto_world_size"] = auto_n
     _add_merging(tensors, summaries)
     return sorted(tensors.values(), key=lambda t: -(t["growth_bytes_per_rank"] or 0))
+
+
+def _gathered_by_tensor(summary: Mapping[str, Any]) -> dict[str, int]:
+    """Per IndexedSlices gradient, the bytes one rank received by allgather per call (values and indices),
+    from the records; none at one rank."""
+    found: dict[str, int] = defaultdict(int)
+    for c in summary.get("collectives", []):
+        if c["op"] == "allgather" and c["sparse"] and summary.get("world_size", 2) > 1:
+            found[c["name"]] += c["bytes_out_per_rank"]
+    return dict(found)
 
 
 def _add_merging(tensors: dict[str, dict[str, Any]], summaries: dict[tuple[int, str], dict[str, Any]]) -> None:
@@ -264,11 +281,12 @@ def _same_parameters(dir_a: str, dir_b: str) -> bool:
 
 
 def most_terms(summary: dict[str, Any], world_size: int) -> int:
-    """The most numbers one reduced gradient element can sum in a run: N x T for a gathered gradient
-    (every gathered row may carry the same index), N for a dense one; the shapes come from the policy
-    records, known before any collective ran."""
-    rows = [p.get("rows_per_rank") or 0 for p in summary.get("policy", [])]
-    return world_size * max([1, *rows])
+    """The most numbers one reduced gradient element can sum in a run: the rows gathered for a gathered
+    gradient (every gathered row may carry the same index: the sum over the ranks of their rows), N for
+    a dense one. Summaries older than ``rows_gathered`` give N x their policy's ``rows_per_rank``."""
+    rows = [p["rows_gathered"] if p.get("rows_gathered") is not None else world_size * (p.get("rows_per_rank") or 0)
+            for p in summary.get("policy", [])]
+    return max([world_size, *rows])
 
 
 # Modes whose IndexedSlices go through the dense allreduce: a failed parameter check of theirs gets a
@@ -284,6 +302,7 @@ def correctness(run_dirs: dict[tuple[int, str], str], summaries: dict[tuple[int,
     ``order_dirs``: for a (rank count, mode) whose check failed, the same run again with MPI's
     allreduce in rank order (:func:`rank_order_check` says what it decides)."""
     checks = []
+    reduction = reduction_result(verify_summary)
     for (n, mode), run_dir in sorted(run_dirs.items()):
         ref_key = (n, reference_mode)
         if mode == reference_mode or ref_key not in run_dirs:
@@ -298,7 +317,6 @@ def correctness(run_dirs: dict[tuple[int, str], str], summaries: dict[tuple[int,
         checks.append(check)
     consistent = [s["consistency"].get("ranks_identical") for s in summaries.values()]
     ranks_identical = None if all(c is None for c in consistent) else all(c is not False for c in consistent)
-    reduction = reduction_result(verify_summary)
     verdicts = [c["passed"] for c in checks] + [ranks_identical] + [None if reduction is None else reduction["passed"]]
     known = [v for v in verdicts if v is not None]
     compared = [c for c in checks if c["passed"] is not None]
@@ -362,12 +380,13 @@ def build(target: str, preset: str | None, run_dirs: Mapping[tuple[int, str], st
         # rank is fitted from N >= 2 where two such rank counts exist.
         "growth_bytes_per_rank": growth(rows, "peak_rss_bytes_max", fit_from),
         "collective_growth_bytes_per_rank": growth(rows, "collective_bytes_per_rank", fit_from),
-        # The exact side: the peak bytes of collective outputs alive, from the hooks (no RSS noise).
+        # Modelled, from the records (no RSS noise): the collective outputs alive at once per step, as
+        # summary.live_collective_bytes counts them (its docstring names the assumptions).
         "live_growth_bytes_per_rank": growth([r for r in rows if r.get("collective_live_peak_bytes") is not None],
                                              "collective_live_peak_bytes", fit_from),
         "growth_fitted_from_world_size": fit_from,
-        "predicted_growth_bytes_per_rank": predicted_growth(summaries),
-        "tensors": growth_tensors(summaries),
+        "predicted_growth_bytes_per_rank": predicted_growth(summaries, fit_from),
+        "tensors": growth_tensors(summaries, fit_from),
         "correctness": correctness(firsts, summaries, verify_summary, order_dirs=order_dirs),
         "oversubscribed": any(s.get("oversubscribed") for s in summaries.values()),
         "memory_environment": {k: v for s in summaries.values() for k, v in (s.get("memory_environment") or {}).items()},
@@ -567,16 +586,28 @@ def engine_row(engine: str, row: CompareRow, summary: Mapping[str, Any]) -> Engi
 
 def _gathered_policies(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The policy records of the IndexedSlices gradients the run gathered, with their shapes."""
-    return [p for p in summary.get("policy", []) if p.get("rows_per_rank") is not None and p.get("decision") != "dense"]
+    return [p for p in summary.get("policy", []) if _rows_gathered(p, 1) is not None and p.get("decision") != "dense"
+            and p.get("row_bytes") is not None]
+
+
+def _rows_gathered(policy: Mapping[str, Any], world_size: int) -> int | None:
+    """The rows each rank receives per step for this gradient: the summary's ``rows_gathered`` (the sum
+    over the ranks of their own rows, MWMS: N x the longest's), or for summaries older than it, N x the
+    policy's ``rows_per_rank`` (the rows of whichever rank was read first)."""
+    if policy.get("rows_gathered") is not None:
+        return int(policy["rows_gathered"])
+    rows = policy.get("rows_per_rank")
+    return None if rows is None else world_size * rows
 
 
 def predicted_gathered(summary: Mapping[str, Any], world_size: int) -> int | None:
-    """Bytes per rank and step the formula gives for the tensors the run gathered, from the policy
-    records' shapes (the most rows of any rank: exact for MWMS's padded gathers and for equal rows
-    under Horovod; merged, the bound N x U_max). None when no record has shapes."""
+    """Bytes per rank and step the formula gives for the tensors the run gathered: the rows gathered x
+    (row_bytes + index_bytes), each rank's own rows summed (exact for Horovod's allgatherv whatever the
+    ranks' rows, and for MWMS's padded gathers); merged, the bound N x U_max. None when no record has
+    shapes."""
     if world_size == 1:
         return 0  # one rank runs no collective: neither engine reduces anything (nor records a policy)
-    if not any(p.get("rows_per_rank") is not None for p in summary.get("policy", [])):
+    if not any(_rows_gathered(p, world_size) is not None for p in summary.get("policy", [])):
         return None
     total = 0
     for p in _gathered_policies(summary):
@@ -585,7 +616,7 @@ def predicted_gathered(summary: Mapping[str, Any], world_size: int) -> int | Non
                 return None
             total += formula.merged_bytes(world_size, p["distinct_rows"], p["row_bytes"], p["index_bytes"])
         else:
-            total += formula.gathered_bytes(world_size, p["rows_per_rank"], p["row_bytes"], p["index_bytes"])
+            total += formula.gathered_bytes(1, _rows_gathered(p, world_size) or 0, p["row_bytes"], p["index_bytes"])
     return total
 
 

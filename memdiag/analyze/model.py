@@ -1,6 +1,12 @@
-"""Prediction at larger rank counts: collective bytes per rank (exact) and peak memory (modelled).
+"""Prediction at larger rank counts: collective bytes per rank (the formula) and peak memory (modelled).
 
-Collective bytes follow :mod:`memdiag.formula` exactly. Peak memory per rank has two regimes:
+Collective bytes follow :mod:`memdiag.formula`. Each added rank is assumed to bring as many rows as the
+largest rank measured (``rows_largest_rank`` of the summaries): where the ranks' rows are equal that is
+the formula exactly; where they differ (a script whose ranks look up different numbers of ids; only
+``auto`` agrees on rows across ranks) it is an upper bound, N x the largest rank's rows, which reports
+say. Rows unknown when the graph was traced come from the run's records (summary.gradient_rows); a
+gradient whose sizes no run recorded is named, with why, in ``not_predicted``, never silently left out.
+Peak memory per rank has two regimes:
 
     peak(N) = max(compute_peak, collective_base + held(N)),   held(N) = k x G(N) over gathered tensors
 
@@ -19,9 +25,11 @@ Collective bytes follow :mod:`memdiag.formula` exactly. Peak memory per rank has
   the previous tensor's until its update has consumed it): held(N) = max G_i(N) + max values_i(N), for
   one tensor about 2 G. memray's allocation records of the Transformer show exactly this sequence at
   N=2 and N=4 (docs/measurement.md, "What is alive in the collective window"). With op=Sum the
-  gathered values are used as they are: held(N) = max G_i(N). Allgathers that Horovod fuses into one
-  response (ready in the same cycle, together under the fusion threshold) are allocated together:
-  their sum would count instead, which the records do not show (a known limit).
+  gathered values are used as they are: held(N) = max G_i(N). The allgathers of one grouped call
+  (``grouped`` records: grouped_allgather, grouped_allreduce, ``num_groups``/``groups=``) come in one
+  response and count together (summary.json's ``allgather_groups``). Allgathers that Horovod fuses into
+  one response without a grouped call (ready in the same cycle, together under the fusion threshold)
+  are allocated together too: their sum would count instead, which the records do not show (a known limit).
   Horovod 0.28.1 has no allgather path for any other op (Adasum, Min, Max, Product raise
   NotImplementedError and ask for sparse_as_dense), so such a tensor is counted as a dense allreduce
   in every mode. k (held / gathered) is the one figure reports print.
@@ -81,6 +89,9 @@ class MemoryModel:
     fitted_from: list[int] = field(default_factory=list)
     margin: float = 1.0
     fitted_cost: float | None = None  # slope of a straight fit over the measured N, for comparison
+    not_predicted: dict[str, str] = field(default_factory=dict)  # gradients left out, with why
+    rows: dict[str, dict[str, Any]] = field(default_factory=dict)  # per tensor: every rank's rows, as measured
+    groups: list[frozenset[str]] = field(default_factory=list)  # tensors one grouped allgather holds together
 
     # -- the reduce op and what a gathered byte costs ---------------------------------------------
 
@@ -98,7 +109,7 @@ class MemoryModel:
         gathered = self.gathered_bytes("sparse", 2)
         return self.held_bytes("sparse", 2) / gathered if gathered else 1.0
 
-    # -- bytes (exact) ----------------------------------------------------------------------------
+    # -- bytes (the formula) ------------------------------------------------------------------------
 
     def reduction(self, name: str, mode: str, world_size: int) -> str:
         """How ``mode`` reduces tensor ``name`` at ``world_size`` ranks: sparse, dedup or dense."""
@@ -144,15 +155,22 @@ class MemoryModel:
         tensor of the gathered values' size, and the dividend is freed once the quotient is made. The
         tensors' allgathers complete one after another, and a quotient is alive until its tensor's
         update, which may come after the next tensor's gathered output arrives: so one gathered output
-        and one quotient at a time, max G + max values (for one tensor G + values, about 2 G).
+        and one quotient at a time, max G + max values (for one tensor G + values, about 2 G). The
+        tensors of one grouped call (``groups``) are gathered in one response: their outputs, and their
+        quotients, count together.
         """
         names = [name for name in self.tensors if self.gathers(name, mode, world_size)]
-        gathered = [self.tensor_gathered(name, mode, world_size) for name in names]
-        quotients = [self.tensor_gathered_values(name, mode, world_size) for name in names if self.averages(name)]
+        # The allgathers of one grouped call are allocated together: a group counts as one tensor.
+        units: list[list[str]] = [[n for n in group if n in names] for group in self.groups]
+        grouped = {n for unit in units for n in unit}
+        units += [[name] for name in names if name not in grouped]
+        gathered = [sum(self.tensor_gathered(n, mode, world_size) for n in unit) for unit in units]
+        quotients = [sum(self.tensor_gathered_values(n, mode, world_size) for n in unit if self.averages(n))
+                     for unit in units]
         return max(gathered, default=0) + max(quotients, default=0)
 
     def collective_bytes(self, mode: str, world_size: int) -> int:
-        """Bytes each rank receives per step (exact, from the formula)."""
+        """Bytes each rank receives per step, from the formula."""
         if world_size == 1:
             return 0
         densified = sum(t.dense() for name, t in self.tensors.items() if not self.gathers(name, mode, world_size))
@@ -274,13 +292,64 @@ def _last_sparse_ranks(t: SparseGradientShape, margin: float) -> int:
 
 # -- from summaries -------------------------------------------------------------------------------
 
-def tensors_from_summary(summary: dict[str, Any]) -> dict[str, SparseGradientShape]:
-    """The IndexedSlices gradients of a run, with the sizes its policy records carry."""
-    keys = ("rows_per_rank", "row_bytes", "index_bytes", "dense_rows", "row_elements")
-    # U: the most distinct rows any rank measured at any step (older summaries have none)
+_SIZES = ("row_bytes", "index_bytes", "dense_rows", "row_elements")
+_WHY = {
+    "rows_per_rank": "its rows per rank were unknown when the graph was traced and no run recorded them (no "
+                     "allgather of it and no distinct_rows record; a sparse run records them)",
+    "dense_rows": "its table's row count was not recorded (the graph was traced without the gradient's shape "
+                  "and no run densified it; a dense run records it)",
+    "row_bytes": "its row width was not recorded (the graph was traced without the gradient's shape and no "
+                 "run gathered it; a sparse run records it)",
+}
+
+
+def gradient_fields(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per IndexedSlices gradient of one run, what prediction needs, None where the run did not know it:
+    ``rows_per_rank`` the largest rank's rows (what every added rank is assumed to bring; summaries
+    older than ``rows_largest_rank`` give their ``rows_per_rank``), the sizes of the formula, U (the
+    most distinct rows any rank measured at any step; older summaries have none) and, for the
+    report, every rank's rows and the rows gathered."""
     distinct = {d["name"]: d["distinct_rows_max"] for d in summary.get("distinct_rows", [])}
-    return {p["name"]: SparseGradientShape(**{k: p[k] for k in keys}, distinct_rows=distinct.get(p["name"]))
-            for p in summary.get("policy", []) if all(p.get(k) is not None for k in keys)}
+    fields = {}
+    for p in summary.get("policy", []):
+        largest = p.get("rows_largest_rank")
+        fields[p["name"]] = {"rows_per_rank": p.get("rows_per_rank") if largest is None else largest,
+                             **{k: p.get(k) for k in _SIZES}, "distinct_rows": distinct.get(p["name"]),
+                             "own_rows_by_rank": p.get("own_rows_by_rank"), "rows_gathered": p.get("rows_gathered"),
+                             "rows_from": p.get("rows_from"), "world_size": summary.get("world_size")}
+    return fields
+
+
+def shapes_from_fields(fields: dict[str, dict[str, Any]]) -> tuple[dict[str, SparseGradientShape], dict[str, str]]:
+    """The gradients whose every size is known, and the others by name with why they are not: no
+    gradient is left out of a prediction without saying so."""
+    tensors: dict[str, SparseGradientShape] = {}
+    not_predicted: dict[str, str] = {}
+    for name, f in fields.items():
+        missing = [k for k in ("rows_per_rank", *_SIZES) if f.get(k) is None]
+        if missing:
+            reasons = dict.fromkeys(_WHY["row_bytes" if k in ("index_bytes", "row_elements") else k] for k in missing)
+            not_predicted[name] = "; ".join(reasons)
+            continue
+        tensors[name] = SparseGradientShape(**{k: f[k] for k in ("rows_per_rank", *_SIZES)},
+                                            distinct_rows=f.get("distinct_rows"))
+    return tensors, not_predicted
+
+
+def merged_fields(summaries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """:func:`gradient_fields` over several runs: each field from the run of the most ranks that knows
+    it (a sparse run records the rows, a dense run the table's size)."""
+    merged: dict[str, dict[str, Any]] = {}
+    for summary in sorted(summaries, key=lambda s: s["world_size"]):
+        for name, f in gradient_fields(summary).items():
+            entry = merged.setdefault(name, {})
+            entry.update({k: v for k, v in f.items() if v is not None})
+    return merged
+
+
+def gradients_from_summaries(summaries: list[dict[str, Any]]) -> tuple[dict[str, SparseGradientShape], dict[str, str]]:
+    """The IndexedSlices gradients of the runs that can be predicted, and those that cannot, with why."""
+    return shapes_from_fields(merged_fields(summaries))
 
 
 def dense_collective_bytes(summary: dict[str, Any]) -> int:
@@ -323,19 +392,23 @@ def fit_compute_peak(runs: list[dict[str, Any]]) -> float | None:
 def build_model(summaries: list[dict[str, Any]], margin: float = 1.0) -> MemoryModel:
     """From one run or several (a comparison): tensors and reduce ops, and per mode the compute peak
     and the collective base anchored at the largest N measured."""
-    tensors: dict[str, SparseGradientShape] = {}
+    fields = merged_fields(summaries)
+    tensors, not_predicted = shapes_from_fields(fields)
     reduce_ops: dict[str, str] = {}
     script_densifies: set[str] = set()
     for summary in sorted(summaries, key=lambda s: s["world_size"]):
-        tensors.update(tensors_from_summary(summary))
         for p in summary.get("policy", []):
             if p.get("reduce_op"):
                 reduce_ops[p["name"]] = p["reduce_op"]
             if p.get("script_sparse_as_dense"):
                 script_densifies.add(p["name"])
     dense_bytes = max((dense_collective_bytes(s) for s in summaries if s["world_size"] > 1), default=0)
+    rows = {name: {k: fields[name].get(k) for k in ("rows_per_rank", "own_rows_by_rank", "rows_gathered",
+                                                     "rows_from", "world_size")} for name in tensors}
+    groups = {frozenset(n for n in group if n in tensors) for s in summaries for group in s.get("allgather_groups", [])}
     model = MemoryModel(tensors, dense_bytes, {}, reduce_ops=reduce_ops, script_densifies=frozenset(script_densifies),
-                        fitted_from=[s["world_size"] for s in summaries], margin=margin)
+                        fitted_from=[s["world_size"] for s in summaries], margin=margin,
+                        not_predicted=not_predicted, rows=rows, groups=sorted((g for g in groups if len(g) > 1), key=sorted))
     for mode in sorted({s["mode"] for s in summaries}):
         runs = _runs_to_fit(summaries, mode)
         if not runs:
@@ -356,10 +429,24 @@ def build_model(summaries: list[dict[str, Any]], margin: float = 1.0) -> MemoryM
                     key=lambda s: s["world_size"])
     several = [s for s in sparse if s["world_size"] > 1]
     fitted = several if len({s["world_size"] for s in several}) >= 2 else sparse
-    fit = linear_fit([model.gathered_bytes("sparse", s["world_size"]) for s in fitted],
+    fit = linear_fit([_gathered_as_run(model, s) for s in fitted],
                      [float(collective_window_peak(s) or 0.0) for s in fitted])
     model.fitted_cost = None if fit is None else fit[0]
     return model
+
+
+def _gathered_as_run(model: MemoryModel, summary: dict[str, Any]) -> float:
+    """The bytes a sparse run gathered per rank by the formula with its own rows (the sum over its ranks
+    where the summary has it), not the model's extrapolation from the largest rank."""
+    n = summary["world_size"]
+    fields = gradient_fields(summary)
+    total = 0
+    for name, t in model.tensors.items():
+        if not model.gathers(name, "sparse", n):
+            continue
+        rows = (fields.get(name) or {}).get("rows_gathered")
+        total += t.gathered(n) if rows is None or n == 1 else rows * (t.row_bytes + t.index_bytes)
+    return float(total)
 
 
 def prediction_table(model: MemoryModel, rank_counts: list[int], modes: list[str],
@@ -391,6 +478,9 @@ def prediction_table(model: MemoryModel, rank_counts: list[int], modes: list[str
         "base_bytes": model.base,
         "fitted_from_world_sizes": sorted(set(model.fitted_from)),
         "tensors": {name: vars(shape) for name, shape in model.tensors.items()},
+        # what every added rank is assumed to bring: the largest rank's rows, beside what was measured
+        "tensor_rows": model.rows,
+        "not_predicted": model.not_predicted,
     }
 
 

@@ -12,7 +12,9 @@ being differentiated) and it is what makes the figures comparable across modes.
 
 Byte sizes of IndexedSlices gradients come from :mod:`memdiag.formula` (the one place they are
 defined): sparse mode gathers ``gathered_bytes`` per rank, dense mode allreduces ``dense_bytes``; the
-shapes come from the run's policy records, read as :mod:`memdiag.analyze.model` reads them.
+shapes come from the run's policy records and, where those lacked them, its other records, read as
+:mod:`memdiag.analyze.model` reads them (each rank as the largest rank measured); a gradient the model
+names as not predictable is refused here with the model's reason.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from memdiag._errors import UserError
-from memdiag.analyze.model import tensors_from_summary
+from memdiag.analyze.model import gradients_from_summaries
 from memdiag.formula import MPI_COUNT_LIMIT, SparseGradientShape, gathered_elements
 
 # Typical of a 100 Gb/s fabric (InfiniBand EDR, Omni-Path as on Stampede2): a few microseconds of
@@ -37,6 +39,7 @@ DEFAULT_BETA_BYTES_PER_S = 10e9
 DEFAULT_FUSION_BYTES = 128 * 1024**2
 
 PROJECTED_MODES = ("sparse", "dense")
+NO_POLICY = "no policy record names it (memdiag did not see it reduced as a gradient), so its sizes are unknown"
 SCALINGS = ("weak", "strong")
 
 ASSUMPTIONS = (
@@ -170,21 +173,25 @@ def base_from_summary(summary: dict[str, Any], run_dir: str, items_per_rank: flo
     which carry their shape in the byte formula. Dense gradients come from the allreduces the run
     recorded or, for one rank (where Horovod runs no collective), from ``parameter_bytes``: the size of
     every trainable variable, all of which but the IndexedSlices ones would be allreduced."""
-    sparse = tensors_from_summary(summary)
+    # The model's reading of the same records (rows from the run where the trace lacked them, the
+    # largest rank's): a gradient it names as not predictable cannot be projected either, for the same reason.
+    sparse, not_predicted = gradients_from_summaries([summary])
     collectives = summary["collectives"]
     if (summary.get("world_size") or 0) >= 2:
         dense = tuple(c["bytes_in_per_rank"] for c in collectives if c["op"] == "allreduce" and not c["sparse"]
                       for _ in range(max(1, round(c["calls_per_step"]))))
-        unknown = sorted({c["name"] for c in collectives if c["sparse"]} - set(sparse))
+        seen = {c["name"] for c in collectives if c["sparse"]} | set(not_predicted)
+        unknown = {name: not_predicted.get(name, NO_POLICY) for name in sorted(seen - set(sparse))}
     elif parameter_bytes is not None:
         dense = tuple(size for name, size in parameter_bytes.items() if name not in sparse)
-        unknown = sorted(p["name"] for p in summary.get("policy", []) if p["name"] not in sparse)
+        unknown = {name: not_predicted.get(name, NO_POLICY) for name in
+                   sorted(p["name"] for p in summary.get("policy", []) if p["name"] not in sparse)}
     else:
         raise UserError("projection needs a run on 2 or more ranks, or a one-rank run of a built-in workload "
                         "(its saved parameters give the sizes Horovod skips on 1 rank)")
     if unknown:
-        raise UserError(f"{unknown[0]}: rows per rank were unknown when the graph was traced, so this "
-                        "IndexedSlices gradient cannot be projected; give the workload a fixed batch shape")
+        name, why = next(iter(unknown.items()))
+        raise UserError(f"{name}: this IndexedSlices gradient cannot be projected: {why}")
     return ProjectionBase(run_dir, summary["world_size"], items_per_rank, compute_s, dense, sparse)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
@@ -35,8 +36,15 @@ def typical_step_time(steps: list[dict[str, Any]]) -> float | None:
     return statistics.median(times) if times else None
 
 
-def rank_summary(records: RankRecords) -> dict[str, Any]:
+def rank_summary(records: RankRecords, live: dict[int, int] | None = None) -> dict[str, Any]:
+    """One rank's figures. ``live``: its collective outputs alive at once per step, by the analysis's
+    model (:func:`live_collective_bytes`); they replace the figure the rank wrote, which counted a
+    name's allgathers as one tensor and grouped ones one at a time."""
     steps = _training_steps(records)
+    if live is None:
+        live, _ = live_collective_bytes(_log(records.collectives))
+    if live:
+        steps = [{**s, "collective_live_peak_bytes": live.get(s["step"], 0)} for s in steps]
     step_ids = {s["step"] for s in steps}
     per_op = _bytes_per_op(records.collectives, step_ids)
     n = max(1, len(step_ids))
@@ -82,6 +90,81 @@ def _bytes_per_op(collectives: Sequence[dict[str, Any]], step_ids: set[int]) -> 
         if c.get("step") in step_ids:
             per_op[c["op"]] += c["bytes_out"]
     return per_op
+
+
+class _LiveStep:
+    """The collective outputs of one step that the live model counts as alive at once (modelled from
+    the records, not measured):
+
+    - every output but an allgather's is alive until the step's update: summed;
+    - Horovod completes allgathers one after another and frees each gathered output once its quotient
+      (values / N under op=Average) is made: one tensor's gathered outputs at a time, the largest,
+      beside one quotient, the largest;
+    - but the allgathers of one grouped call (``grouped`` records: Horovod's grouped_allgather, and
+      grouped_allreduce or ``num_groups``/``groups=`` of IndexedSlices, values then indices) are
+      allocated in one response and alive together: they count as one, their quotients too;
+    - a tensor is its name and its occurrence in the step: the k-th allgather of one name and part in
+      a step (an unnamed one from one line of code, ``allgather@file.py:12[shape]``, called in a loop)
+      is a tensor of its own, not added to the first's.
+    """
+
+    def __init__(self) -> None:
+        self.other = 0
+        self.units: list[list[int]] = []  # per unit alive together: [gathered bytes, quotient bytes]
+        self.names: list[set[str]] = []
+        self._unit_of: dict[tuple[str, int], int] = {}  # (name, occurrence) -> unit
+        self._seen: dict[tuple[str, Any], int] = defaultdict(int)  # (name, part) -> occurrences so far
+        self._run: int | None = None  # the unit of the grouped call being read
+        self._run_part: Any = None
+
+    def add(self, c: dict[str, Any], bytes_out: int) -> None:
+        if c.get("op") != "allgather":
+            self.other += bytes_out
+            self._run = None
+            return
+        name, part = str(c.get("name")), c.get("part")
+        occurrence = self._seen[(name, part)]
+        self._seen[(name, part)] += 1
+        key = (name, occurrence)
+        grouped = bool(c.get("grouped"))
+        # a grouped IndexedSlices call gathers every values part, then every indices part: a values part
+        # after an indices part starts another call
+        if not grouped or (self._run_part == "indices" and part == "values"):
+            self._run = None
+        unit = self._unit_of.get(key)
+        if unit is None:
+            unit = self._run if grouped and self._run is not None else len(self.units)
+            if unit == len(self.units):
+                self.units.append([0, 0])
+                self.names.append(set())
+            self._unit_of[key] = unit
+        if grouped:
+            self._run, self._run_part = unit, part
+        self.units[unit][0] += bytes_out
+        self.names[unit].add(name)
+        if part == "values" and c.get("reduce_op") in (None, "average"):
+            self.units[unit][1] += bytes_out
+
+    @property
+    def live_bytes(self) -> int:
+        return self.other + max((u[0] for u in self.units), default=0) + max((u[1] for u in self.units), default=0)
+
+
+def live_collective_bytes(log: CollectiveLog) -> tuple[dict[int, int], list[list[str]]]:
+    """Per training step of one rank, the collective outputs alive at once by :class:`_LiveStep`'s model;
+    and the sets of tensors whose allgathers were alive together (grouped calls, more than one tensor)."""
+    kind, step, _, bytes_out = log.columns()
+    whole = dict(log.whole())
+    steps: dict[int, _LiveStep] = {}
+    for i, (k, s, b) in enumerate(zip(kind.tolist(), step.tolist(), bytes_out.tolist())):
+        c = whole[i] if k < 0 else log.kinds[k]
+        if k < 0:
+            s, b = c.get("step"), c.get("bytes_out")
+        if not isinstance(s, int) or s < 0 or not isinstance(b, int):
+            continue
+        steps.setdefault(s, _LiveStep()).add(c, b)
+    groups = sorted({tuple(sorted(names)) for live in steps.values() for names in live.names if len(names) > 1})
+    return {s: live.live_bytes for s, live in steps.items()}, [list(g) for g in groups]
 
 
 @dataclass
@@ -205,6 +288,113 @@ def distinct_rows_summary(run: Run) -> list[dict[str, Any]]:
     return entries
 
 
+_SHAPE_FIELDS = ("row_bytes", "index_bytes", "row_elements", "dense_rows")
+
+
+@dataclass
+class _Recorded:
+    """What one IndexedSlices gradient's records say of its sizes, rank by rank."""
+
+    rows: dict[int, dict[int, int]]  # rank -> step -> rows T (every row, before any merge)
+    shape: dict[str, int]  # of _SHAPE_FIELDS, those a record shows
+
+
+def _recorded_rows(run: Run, names: set[str]) -> dict[str, _Recorded]:
+    """Per gradient, each rank's rows per training step as it ran: from ``distinct_rows`` records (T,
+    counted before merging; auto and dedup) or else from its allgathers of values (each rank's own
+    rows in, unmerged); and the row width, index size and table rows the records show (the densified
+    allreduce of a dense run has the table's shape)."""
+    found = {name: _Recorded({}, {}) for name in names}
+    for rank, records in run.ranks.items():
+        counted: dict[tuple[str, int], int] = defaultdict(int)
+        for r in records.other:
+            step, rows = r.get("step"), r.get("rows")
+            if r.get("type") == "distinct_rows" and r.get("name") in names and isinstance(step, int) \
+                    and step >= 0 and isinstance(rows, int):
+                counted[(r["name"], step)] += rows
+        gathered: dict[tuple[str, int], int] = defaultdict(int)
+        log = _log(records.collectives)
+        relevant = {k for k, static in enumerate(log.kinds) if static.get("name") in names
+                    and static.get("op") in ("allgather", "allreduce")}
+        kind, _, _, _ = log.columns()
+        positions = np.nonzero(np.isin(kind, np.fromiter(relevant, dtype=np.int64, count=len(relevant))))[0] \
+            if relevant else np.zeros(0, np.int64)
+        chosen = [log[int(i)] for i in positions] + [c for _, c in log.whole() if c.get("name") in names]
+        for c in chosen:
+            step, shape_in, itemsize = c.get("step"), c.get("shape_in"), c.get("itemsize")
+            if not (isinstance(step, int) and isinstance(shape_in, list) and shape_in and isinstance(itemsize, int)):
+                continue
+            entry = found[c["name"]]
+            if c.get("op") == "allreduce":
+                if c.get("densified"):  # the IndexedSlices made dense: the table's shape
+                    entry.shape.setdefault("dense_rows", int(shape_in[0]))
+                continue
+            if c.get("merged") or c.get("densified"):
+                continue  # merged: U rows gathered, not T
+            if c.get("part") == "indices":
+                entry.shape.setdefault("index_bytes", itemsize)
+            elif c.get("part") == "values" and step >= 0:
+                elements = math.prod(shape_in[1:])
+                entry.shape.setdefault("row_elements", elements)
+                entry.shape.setdefault("row_bytes", elements * itemsize)
+                # MultiWorkerMirroredStrategy pads the rows in: its record keeps the worker's own
+                own = c["rows"] if isinstance(c.get("rows"), int) else shape_in[0]
+                gathered[(c["name"], step)] += int(own)
+        for (name, step), rows in {**gathered, **counted}.items():
+            found[name].rows.setdefault(rank, {})[step] = rows
+    return found
+
+
+def gradient_rows(run: Run, policies: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per IndexedSlices gradient (``policies``: its policy record on each rank), the rows in three
+    distinct meanings, and what the records add to its shape:
+
+    - ``own_rows_by_rank``: each rank's own rows T (the most of any step), rank -> rows;
+    - ``rows_gathered``: the rows every rank receives per step (the most of any step): under Horovod
+      the sum over the ranks of their own rows (allgatherv), under MultiWorkerMirroredStrategy N x the
+      longest worker's (padded);
+    - ``rows_largest_rank``: the largest rank's own rows.
+
+    Rows come from the records of the run where they show them (``rows_from`` "records"), else from
+    each rank's policy record, read when the graph was traced (``local_rows``, "trace"); unknown: None.
+    A policy record whose shape was unknown at trace time gets row width, index size and table rows
+    from the records where they show them (``shape_from`` "records")."""
+    recorded = _recorded_rows(run, set(policies))
+    world = run.manifest.get("world_size")
+    ranks = set(range(world)) if isinstance(world, int) and world > 0 else set(run.ranks)
+    out: dict[str, dict[str, Any]] = {}
+    for name, records in policies.items():
+        seen = recorded[name]
+        traced = {p["rank"]: p["local_rows"] for p in records
+                  if isinstance(p.get("rank"), int) and isinstance(p.get("local_rows"), int)}
+        own = {rank: max(steps.values()) for rank, steps in seen.rows.items() if steps}
+        source = "records" if own else ("trace" if traced else None)
+        for rank, rows in traced.items():
+            own.setdefault(rank, rows)
+        workers = next((p["rows_per_worker"] for p in records if p.get("rows_per_worker")), None)
+        gathered: int | None = None
+        if workers:  # MWMS: agreed on every worker, and its gathers are padded to the longest
+            own = {rank: int(rows) for rank, rows in enumerate(workers)}
+            gathered = len(workers) * max(workers)
+        elif ranks <= set(own):
+            every = [step for step in seen.rows.get(min(ranks), {}) if all(step in seen.rows.get(r, {}) for r in ranks)]
+            gathered = max((sum(seen.rows[r][step] for r in ranks) for step in every),
+                           default=sum(own[r] for r in ranks))
+        entry: dict[str, Any] = {
+            "own_rows_by_rank": {str(rank): own[rank] for rank in sorted(own)} or None,
+            "rows_gathered": gathered,
+            "rows_largest_rank": max(own.values()) if own else None,
+            "rows_from": source,
+        }
+        first = records[0]
+        filled = {k: v for k, v in seen.shape.items() if first.get(k) is None}
+        if filled:
+            entry.update(filled)
+            entry["shape_from"] = "records"
+        out[name] = entry
+    return out
+
+
 def padding_summary(run: Run) -> list[dict[str, Any]]:
     """``--engine tf-distribute``: per IndexedSlices gradient whose rows differ between workers, the zero
     rows MultiWorkerMirroredStrategy padded its gathers with (values and indices, ``pad_out_bytes``)
@@ -266,7 +456,8 @@ def step_summary(run: Run) -> tuple[list[dict[str, Any]], dict[str, Any]]:
 
 def summarize(run: Run) -> dict[str, Any]:
     m = run.manifest
-    ranks = [rank_summary(run.ranks[r]) for r in sorted(run.ranks)]
+    lives = {r: live_collective_bytes(_log(run.ranks[r].collectives)) for r in sorted(run.ranks)}
+    ranks = [rank_summary(run.ranks[r], lives[r][0]) for r in sorted(run.ranks)]
     steps, consistency = step_summary(run)
     items = [s["items"] for r in run.ranks.values() for s in _training_steps(r) if s.get("items")]
     step_times = [r["step_time_s"] for r in ranks if r["step_time_s"]]
@@ -274,9 +465,18 @@ def summarize(run: Run) -> dict[str, Any]:
     if items and step_times:
         throughput = len(ranks) * statistics.median(items) / max(step_times)
     policy: dict[str, dict[str, Any]] = {}
+    every_rank: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for records in run.ranks.values():
         for p in records.policies:
             policy.setdefault(p["name"], {k: v for k, v in p.items() if k not in ("type", "rank", "t", "step")})
+            every_rank[p["name"]].append({**p, "rank": records.rank})
+    # One rank's record is not the job's: rows differ between ranks outside auto (gradient_rows).
+    for name, found in gradient_rows(run, every_rank).items():
+        entry = policy[name]
+        entry.update(found)
+        rows, row_bytes, index_bytes = (entry.get(k) for k in ("rows_gathered", "row_bytes", "index_bytes"))
+        entry["formula_gathered_bytes"] = None if rows is None or row_bytes is None or index_bytes is None \
+            else rows * (row_bytes + index_bytes)
     collectives = collective_summary(run)
     for name, entry in policy.items():
         # The reduce op decides what a gathered byte costs (Average adds one quotient at a time, Sum none).
@@ -317,6 +517,8 @@ def summarize(run: Run) -> dict[str, Any]:
         "compute_peak_rss_bytes_max": largest("compute_peak_rss_bytes"),
         "collective_peak_rss_bytes_max": largest("collective_peak_rss_bytes"),
         "collective_live_peak_bytes_max": largest("collective_live_peak_bytes"),
+        # tensors whose allgathers one grouped call made alive together (the live model counts them as one)
+        "allgather_groups": [list(g) for g in sorted({tuple(g) for live in lives.values() for g in live[1]})],
         "peak_phase": None if top is None else top["peak_phase"],
         "throughput_items_per_s": throughput,
         "ranks": ranks,

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from memdiag.report._fit import Column, FitTable
 from memdiag.report.chart import peak_chart
-from memdiag.report.terminal import common_scope, describe_memory_environment, short_name
+from memdiag.report.terminal import LIVE_ASSUMPTION, common_scope, describe_memory_environment, short_name
 from memdiag.units import format_bytes
 
 
@@ -48,6 +48,7 @@ def growth_table(result: dict[str, Any]) -> FitTable:
         table.add_row(mode, _signed(slope), _signed(collective.get(mode)))
     predicted = result.get("predicted_growth_bytes_per_rank")
     if predicted is not None:
+        # the formula with each run's rows gathered (the sum over its ranks), fitted as the rows above
         table.add_row("formula", "", _signed(predicted))
     return table
 
@@ -177,7 +178,8 @@ def physics_parts(p: dict[str, Any]) -> list[str]:
                 part += ", within noise" if p["sparse_growth_within_noise"] else ", beyond noise"
             part += ")"
         if p.get("sparse_live_growth_bytes_per_rank") is not None:
-            part += f"; its live collective buffers {_signed(p['sparse_live_growth_bytes_per_rank'])} (exact)"
+            part += (f"; its live collective buffers {_signed(p['sparse_live_growth_bytes_per_rank'])} (modelled "
+                     f"from the records: {LIVE_ASSUMPTION})")
         parts.append(part)
     if p.get("dense_peak_bytes") is not None:
         part = f"dense stays at {format_bytes(p['dense_peak_bytes'])}"
@@ -336,7 +338,7 @@ def engines_bytes_table(result: dict[str, Any]) -> FitTable:
     table = FitTable([Column("N", key=True), Column("engine", justify="left", key=True),
                       Column("mode", justify="left", key=True), Column("gathered"), Column("formula"),
                       Column("padding"), Column("allreduce")],
-                     title="Bytes per rank per step (formula: from the shapes known before the run)")
+                     title="Bytes per rank per step (formula: every rank's rows in, summed)")
     for i, row in enumerate(rows):
         table.add_row(str(row["world_size"]), row["engine"], row["mode"], format_bytes(row["gathered_bytes_per_rank"]),
                       format_bytes(row.get("predicted_gathered_bytes_per_rank")),

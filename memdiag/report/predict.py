@@ -30,7 +30,7 @@ NO_GATHER_REASON = "has no allgather path in Horovod (sparse_as_dense needed): r
 def predicted_table(table: dict[str, Any]) -> FitTable:
     grid = FitTable([Column("N", key=True), Column("mode", justify="left", key=True), Column("coll/step"),
                      Column("gathered"), Column("peak RSS"), Column("set by", justify="left")],
-                    title="Predicted per rank (bytes exact; peak modelled)")
+                    title="Predicted per rank (bytes from the formula; peak modelled)")
     for row in table["rows"]:
         peak = format_bytes(row["peak_rss_bytes"]) + (" OOM" if row["over_budget"] else "")
         grid.add_row(str(row["world_size"]), row["mode"], format_bytes(row["collective_bytes_per_rank"]),
@@ -61,7 +61,8 @@ def _cost_note(table: dict[str, Any]) -> str:
     gathering = sorted({op for op in ops.values() if op in K_REASONS})
     others = sorted({op for op in ops.values() if op not in K_REASONS})
     if not gathering:
-        text = "k: no IndexedSlices gradient is gathered in any mode"
+        text = ("k: no IndexedSlices gradient is predicted" if table.get("not_predicted") else
+                "k: no IndexedSlices gradient is gathered in any mode")
     elif len(gathering) == 1:
         text = f"k = {k:.2f} bytes per gathered byte: with {K_REASONS[gathering[0]]}"
     else:
@@ -88,6 +89,28 @@ def _regime_note(mode: str, table: dict[str, Any], limit: str) -> str:
                    "once auto has densified them")
 
 
+def _rows_notes(table: dict[str, Any], scope: str) -> list[str]:
+    """Where the rows came from, for each tensor whose ranks' rows differ or were read off the run's
+    records; and each tensor the prediction leaves out, with why."""
+    lines = []
+    for name, r in (table.get("tensor_rows") or {}).items():
+        own = list((r.get("own_rows_by_rank") or {}).values())
+        uneven = len(set(own)) > 1
+        if not uneven and r.get("rows_from") != "records":
+            continue
+        line = f"{short_name(name, scope)}: extrapolated from the largest rank's rows, {r['rows_per_rank']} per rank"
+        if uneven:
+            line += (f" (the ranks had {min(own)}-{max(own)}"
+                     + (f", {r['rows_gathered']} gathered at N={r['world_size']}" if r.get("rows_gathered") else "")
+                     + "): every rank counted as the largest, an upper bound")
+        if r.get("rows_from") == "records":
+            line += "; rows unknown when the graph was traced, read from the run's records"
+        lines.append(line)
+    for name, why in (table.get("not_predicted") or {}).items():
+        lines.append(f"{short_name(name, scope)}: NOT PREDICTED, left out of every figure above: {why}")
+    return lines
+
+
 def notes(table: dict[str, Any]) -> Text:
     text = Text()
     limit = f"2^{table.get('scan_limit_ranks', 2**20).bit_length() - 1}"
@@ -111,7 +134,9 @@ def notes(table: dict[str, Any]) -> Text:
         for mode, n in table["ranks_over_budget"].items():
             text.append(f"{mode}: never exceeds {budget} per rank (up to {limit} ranks)\n" if n is None else
                         f"{mode}: exceeds {budget} per rank from N = {n}\n")
-    scope = common_scope(list(table["count_overflow"]))
+    scope = common_scope(list(table["count_overflow"]) + list(table.get("not_predicted") or {}))
+    for line in _rows_notes(table, scope):
+        text.append(line + "\n", style="yellow" if "NOT PREDICTED" in line else None)
     for name, n in table["count_overflow"].items():
         if n:
             text.append(f"{short_name(name, scope)}: gathered values pass MPI's 32-bit count limit at N = {n}\n")

@@ -177,6 +177,26 @@ def footer(summary: dict[str, Any]) -> Text:
     return text
 
 
+# What the live collective figure assumes (memdiag.analyze.summary._LiveStep): it is not a measurement.
+LIVE_ASSUMPTION = ("every output but an allgather's alive until the update, one allgather (a grouped call's "
+                   "together) and one quotient at a time")
+
+
+def rows_text(summary: dict[str, Any]) -> Text:
+    """Per IndexedSlices gradient whose ranks' rows differ: every rank's own rows, what the allgather
+    gathered per step (their sum) and the formula's bytes for it."""
+    text = Text()
+    scope = common_scope([p["name"] for p in summary.get("policy", [])])
+    for p in summary.get("policy", []):
+        own = p.get("own_rows_by_rank") or {}
+        if len(set(own.values())) <= 1:
+            continue
+        rows = ", ".join(f"rank {r}: {n}" for r, n in own.items())
+        text.append(f"{short_name(p['name'], scope)}: rows differ between ranks ({rows}); gathered per step: "
+                    f"{p.get('rows_gathered')} rows, {format_bytes(p.get('formula_gathered_bytes'))} by the formula\n")
+    return text
+
+
 def memory_text(summary: dict[str, Any]) -> Text:
     """The steady-state peak in words, and which phase set it (docs/measurement.md)."""
     text = Text()
@@ -204,7 +224,8 @@ def memory_text(summary: dict[str, Any]) -> Text:
         else "compute (model, activations, graph)"
     text.append(f"Set by {setter}: RSS was {format_bytes(top['compute_peak_rss_bytes'])} when the first gradient "
                 f"reduction started; collective windows then added {format_bytes(top['collective_rise_bytes'])} "
-                f"and compute {format_bytes(top['compute_rise_bytes'])}. Collective outputs alive at once: "
+                f"and compute {format_bytes(top['compute_rise_bytes'])}. Collective outputs alive at once "
+                f"(modelled from the records: {LIVE_ASSUMPTION}): "
                 f"{format_bytes(top['collective_live_peak_bytes'])} per step.\n")
     return text
 
@@ -282,6 +303,7 @@ def run_report(summary: dict[str, Any], manifest: dict[str, Any]) -> Group:
     policy = policy_table(summary)
     if policy is not None:
         parts.append(policy)
+        parts.append(rows_text(summary))
     padding = padding_table(summary)
     if padding is not None:
         parts.append(padding)

@@ -202,7 +202,7 @@ def test_the_comparison_records_which_phase_set_each_peak(comparison):
     assert result["physics"]["cost_per_gathered_byte"] == pytest.approx(k)
 
 
-def test_sparse_growth_is_weighed_against_k_x_formula_and_the_noise_beside_the_exact_live_growth(comparison):
+def test_sparse_growth_is_weighed_against_k_x_formula_and_the_noise_beside_the_modelled_live_growth(comparison):
     reduce_op, _, result = comparison
     physics = result["physics"]
     # by hand: the least-squares slope of sparse's peak over N = 2, 4, 8, compute-bound at N=2
@@ -219,7 +219,9 @@ def test_sparse_growth_is_weighed_against_k_x_formula_and_the_noise_beside_the_e
     assert physics["sparse_growth_within_noise"] is (abs(slope - held_per_rank(reduce_op)) * (8 - 2) <= 0)
     assert physics["sparse_growth_within_noise"] is False
     verdict = flat(rendered(print_compare, result))
-    assert "beyond noise); its live collective buffers +" in verdict and "(exact)" in verdict
+    # the live figure is the model's count of the records, not a measurement: it says so, with its assumption
+    assert "beyond noise); its live collective buffers +" in verdict and "(modelled from the records: every" in verdict
+    assert "(exact)" not in verdict
 
 
 def test_the_comparison_report_names_compute_at_small_n_and_the_collectives_at_larger_n(comparison):

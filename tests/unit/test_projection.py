@@ -166,8 +166,14 @@ def test_base_from_summary_takes_dense_allreduces_and_indexedslices_shapes():
 def test_base_from_summary_refuses_one_rank_and_unknown_shapes():
     with pytest.raises(UserError, match="2 or more ranks"):
         model.base_from_summary(_summary(world_size=1), "n1", 100, 0.5)
-    with pytest.raises(UserError, match="rows per rank were unknown"):
+    # no policy record: memdiag never saw the gathered tensor reduced as a gradient
+    with pytest.raises(UserError, match="m/emb:0: .* no policy record names it"):
         model.base_from_summary(_summary(policy=False), "n2", 100, 0.5)
+    # a policy record without rows (unknown when traced) and no record of them: the model's reason
+    untraced = _summary()
+    untraced["policy"][0].update(rows_per_rank=None, rows_largest_rank=None)
+    with pytest.raises(UserError, match="rows per rank were unknown when the graph was traced"):
+        model.base_from_summary(untraced, "n2", 100, 0.5)
 
 
 def test_projecting_at_another_batch_scales_compute_and_rows_but_not_dense_sizes():
