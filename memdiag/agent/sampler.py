@@ -126,9 +126,8 @@ class MemorySampler:
         """Start the step afresh: the running peak from the current RSS, and no samples before it (what
         ran since the last :meth:`take_step` belongs to no step)."""
         current = read_rss()
-        now = time.time()
         with self._lock:
-            self._times, self._rss, self._step_peak = [now], [current], current
+            self._times, self._rss, self._step_peak = [], [], current
 
     def _loop(self) -> None:
         last_tick = time.monotonic()
