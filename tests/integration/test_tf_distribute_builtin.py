@@ -52,6 +52,17 @@ MIXED_SIDE_TABLE = 20_000 * 32 * 4  # 2,560,000
 KERAS3_PYTHON = ROOT / ".venv-tf-latest" / "bin" / "python"
 
 
+def _keras_version(python: str) -> str:
+    """Keras's version in the environment that runs the scripts (its package metadata: no import of TF)."""
+    found = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('keras'))"],
+                           capture_output=True, text=True)
+    return found.stdout.strip() if found.returncode == 0 else ""
+
+
+# make test-tf-latest runs the scripts under Keras 3 (MEMDIAG_TEST_PYTHON)
+KERAS_3 = _keras_version(PYTHON).startswith("3.")
+
+
 def test_the_presets_are_the_shapes_the_figures_were_worked_out_for():
     tiny, mixed = PRESETS["transformer"]["tiny"], PRESETS["mixed"]["tiny"]
     for config, tokens in ((tiny, 256), (mixed, 512)):
@@ -164,6 +175,10 @@ def test_dense_gathers_nothing_and_all_reduces_the_tables(dense):
     assert read_json(dense / "run.json")["changes_to_job"][0].startswith("--mode dense")
 
 
+@pytest.mark.xfail(KERAS_3, strict=True,
+                   reason="Keras 3's Adam sums the squares of an IndexedSlices' repeated rows into its second moment "
+                          "where the dense gradient gives the square of their sum: its sparse and dense runs train "
+                          "apart (docs/tf-distribute.md)")
 def test_dense_and_sparse_end_with_the_same_parameters_within_rounding(sparse, dense):
     # The same sums in other orders (each worker densifies its rows, then the sum over the workers; or
     # the gathered rows summed by the optimizer). Adam's step is normalised (about its learning rate,
@@ -172,10 +187,7 @@ def test_dense_and_sparse_end_with_the_same_parameters_within_rounding(sparse, d
     # norms' scales, near 1) are 2.4e-7. Three steps move every parameter by about 1.06e-3.
     tolerance = 2.4e-7
     [start] = _records(sparse, 0, "start")
-    if start["versions"]["keras"].startswith("3."):  # make test-tf-latest
-        pytest.skip("Keras 3's Adam sums the squares of an IndexedSlices' repeated rows into its second moment "
-                    "where the dense gradient gives the square of their sum: its sparse and dense runs train "
-                    "apart (docs/tf-distribute.md)")
+    assert start["versions"]["keras"].startswith("3.") is KERAS_3  # the expectation is about the Keras that ran
     a, b = _by_name(sparse / "params.npz"), _by_name(dense / "params.npz")
     initial = _by_name(sparse / "params_initial.npz")
     assert sorted(a) == sorted(b) == sorted(initial) and len(a) == 32
