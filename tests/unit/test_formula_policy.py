@@ -1,3 +1,4 @@
+import pytest
 from hypothesis import given, strategies as st
 
 from memdiag.formula import SparseGradientShape, crossover_ranks, dense_bytes, gathered_bytes
@@ -14,8 +15,10 @@ def test_gathered_bytes_grow_linearly_with_ranks_and_dense_bytes_do_not():
 
 
 def test_crossover_is_where_gathered_equals_dense():
+    # 5000 rows of 4096 + 8 bytes: 20,520,000 B per rank gathered; the table 33945 x 4096 = 139,038,720 B
     n = crossover_ranks(rows_per_rank=5000, row_bytes=4096, index_bytes=8, dense_rows=33945)
-    assert gathered_bytes(int(n), 5000, 4096, 8) <= dense_bytes(33945, 4096) < gathered_bytes(int(n) + 1, 5000, 4096, 8)
+    assert n == pytest.approx(139_038_720 / 20_520_000)  # 6.776: N=6 gathers 123,120,000, N=7 143,640,000
+    assert crossover_ranks(rows_per_rank=0, row_bytes=4096, index_bytes=8, dense_rows=33945) == float("inf")
 
 
 def test_modes_sparse_and_dense_ignore_sizes():
@@ -52,10 +55,10 @@ def test_margin_delays_densifying():
     dense_rows=st.integers(1, 10**7),
 )
 def test_auto_is_never_worse_than_the_better_of_sparse_and_dense(n, rows, row_bytes, index_bytes, dense_rows):
-    shape = SparseGradientShape(rows, row_bytes, index_bytes, dense_rows)
-    d = decide("auto", "t", n, shape)
-    chosen = shape.dense() if d.densify else shape.gathered(n)
-    assert chosen == min(shape.dense(), shape.gathered(n))
+    d = decide("auto", "t", n, SparseGradientShape(rows, row_bytes, index_bytes, dense_rows))
+    # the sizes from their definitions, not from the formula's functions
+    gathered, dense = n * rows * (row_bytes + index_bytes), dense_rows * row_bytes
+    assert (dense if d.densify else gathered) == min(dense, gathered)
 
 
 def test_merged_bytes_gather_the_distinct_rows_only():
@@ -129,8 +132,9 @@ def test_padding_bytes_of_mwms_gathers_worked_out_by_hand():
     assert padding_bytes([700, 700, 700], 1024, 4) == 0
     assert padding_bytes([1234], 1024, 4) == 0
     assert padding_bytes([], 1024, 4) == 0
-    # the padding is the gather of N x max rows less the rows there are (10,280,000 - 7,196,000)
-    assert gathered_bytes(4, 2500, 1024, 4) - 7000 * 1028 == 3_084_000
+    # the padding is the gather of N x max rows less the rows there are: 4 x 2500 x 1028 = 10,280,000 B
+    # gathered, 7000 x 1028 = 7,196,000 of them rows
+    assert gathered_bytes(4, 2500, 1024, 4) == 10_280_000 and 10_280_000 - 7_196_000 == 3_084_000
 
 
 def test_a_tf_distribute_decision_records_every_workers_rows_and_the_padding():

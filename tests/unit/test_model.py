@@ -7,14 +7,14 @@ from memdiag.report.predict import notes
 ROWS, ROW_BYTES, INDEX, DENSE_ROWS, WIDTH = 1000, 400, 4, 500, 100
 
 
-def summary(n: int, mode: str, peak: float) -> dict:
-    shape = dict(rows_per_rank=ROWS, row_bytes=ROW_BYTES, index_bytes=INDEX, dense_rows=DENSE_ROWS,
+def summary(n: int, mode: str, peak: float, dense_rows: int = DENSE_ROWS) -> dict:
+    shape = dict(rows_per_rank=ROWS, row_bytes=ROW_BYTES, index_bytes=INDEX, dense_rows=dense_rows,
                  row_elements=WIDTH)
     gathered = n * ROWS * (ROW_BYTES + INDEX)
     return {
         "world_size": n, "mode": mode, "peak_rss_bytes_max": peak,
         "policy": [{"name": "emb", "decision": "dense" if mode == "dense" else "sparse", "world_size": n,
-                    "gathered_bytes": gathered, "dense_bytes": DENSE_ROWS * ROW_BYTES, **shape}],
+                    "gathered_bytes": gathered, "dense_bytes": dense_rows * ROW_BYTES, **shape}],
         "collectives": [{"op": "allreduce", "sparse": False, "bytes_out_per_rank": 1000, "calls_per_step": 1.0}],
         "ranks": [],
     }
@@ -40,17 +40,18 @@ def test_fit_recovers_the_cost_per_gathered_byte_and_predicts_larger_n():
     assert model.peak("dense", 64) == pytest.approx(base + 5e6)
 
 
-def test_collective_bytes_are_exact_per_mode():
-    model = build_model([summary(2, "sparse", 1e9), summary(4, "sparse", 1.1e9)])
-    assert model.collective_bytes("sparse", 300) == 1000 + 300 * per_rank()
-    assert model.collective_bytes("dense", 300) == 1000 + DENSE_ROWS * ROW_BYTES
-    # auto picks the smaller of the two for each tensor
-    crossover = DENSE_ROWS * ROW_BYTES / per_rank()
+def test_collective_bytes_follow_the_formula_per_mode():
+    # GIVEN a table of 5000 rows of 400 B (2,000,000 B dense) and 1000 rows of 404 B per rank gathered
+    # (404,000 B per rank), beside 1000 B of dense allreduces: the crossover is N = 4.95
+    model = build_model([summary(2, "sparse", 1e9, dense_rows=5000), summary(4, "sparse", 1.1e9, dense_rows=5000)])
+    assert model.collective_bytes("sparse", 300) == 1000 + 300 * 404_000
+    assert model.collective_bytes("dense", 300) == 1000 + 2_000_000
+    # THEN auto gathers up to N=4 (1,616,000 <= 2,000,000) and densifies from N=5 (2,020,000 > 2,000,000)
     assert model.collective_bytes("auto", 1) == 0
-    small_n = int(crossover) if int(crossover) > 1 else 1
-    assert model.collective_bytes("auto", 300) == model.collective_bytes("dense", 300)
-    if small_n > 1:
-        assert model.collective_bytes("auto", small_n) == model.collective_bytes("sparse", small_n)
+    assert model.collective_bytes("auto", 2) == 1000 + 808_000
+    assert model.collective_bytes("auto", 4) == 1000 + 1_616_000
+    assert model.collective_bytes("auto", 5) == 1000 + 2_000_000
+    assert model.collective_bytes("auto", 300) == 1000 + 2_000_000
 
 
 def test_budget_and_32_bit_count_limit():
