@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Protocol
 
+from memdiag.commands.agent import AgentCommand
+from memdiag.commands.collect import CollectCommand
 from memdiag.commands.compare import CompareCommand
 from memdiag.commands.doctor import DoctorCommand
 from memdiag.commands.predict import PredictCommand
@@ -29,4 +31,6 @@ COMMANDS: dict[str, type[Command]] = {
     "scale": ScaleCommand,
     "predict": PredictCommand,
     "doctor": DoctorCommand,
+    "agent": AgentCommand,
+    "collect": CollectCommand,
 }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from memdiag.launch.options import DEFAULTS, SPOOLS
+from memdiag.launch.options import DEFAULT_LAUNCHER, DEFAULTS, LAUNCHERS, SPOOLS
 from memdiag.policy import MODES
 
 
@@ -107,3 +107,25 @@ def mode_choice(text: str) -> str:
     if text not in MODES:
         raise argparse.ArgumentTypeError(f"mode must be one of {', '.join(MODES)}, got {text!r}")
     return text
+
+
+def add_launcher_option(parser: argparse.ArgumentParser) -> None:
+    """``--launcher mpirun|srun``: what starts the ranks (run and compare)."""
+    parser.add_argument("--launcher", choices=LAUNCHERS, default=DEFAULT_LAUNCHER,
+                        help="what starts the ranks: mpirun (default) or srun, inside a Slurm allocation (sbatch, "
+                             "salloc), where -n defaults to the allocation's SLURM_NTASKS")
+
+
+def ranks_from_allocation(given: int | None, what: str = "-n") -> int:
+    """``-n`` as given, or inside a Slurm allocation its task count (SLURM_NTASKS)."""
+    import os
+
+    from memdiag._errors import UserError
+
+    if given is not None:
+        return given
+    tasks = os.environ.get("SLURM_NTASKS", "")
+    if tasks.isdigit() and int(tasks) > 0:
+        return int(tasks)
+    raise UserError(f"give the number of ranks with {what} N (only inside a Slurm allocation does it default to "
+                    "SLURM_NTASKS)")

@@ -7,7 +7,7 @@ import argparse
 
 from rich.console import Console
 
-from memdiag.commands._args import add_launch_options, positive_int
+from memdiag.commands._args import add_launch_options, add_launcher_option, positive_int
 from memdiag.policy import FAULTS
 
 
@@ -32,6 +32,7 @@ class CompareCommand:
         parser.add_argument("--inject-fault", choices=FAULTS, help=argparse.SUPPRESS)
         # Its figures are steady-state peaks: let the built-in workloads warm up until they settle.
         add_launch_options(parser, default_steps=4, default_warmup=3)
+        add_launcher_option(parser)
 
     def run(self, args: argparse.Namespace, script_args: list[str]) -> int:
         from memdiag.launch.options import LaunchOptions

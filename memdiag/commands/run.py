@@ -7,7 +7,8 @@ import argparse
 from rich.console import Console
 
 from memdiag.agent.config import ENGINES, HOROVOD, TF_DISTRIBUTE
-from memdiag.commands._args import add_launch_options, mode_choice, positive_int
+from memdiag.commands._args import (add_launch_options, add_launcher_option, mode_choice, positive_int,
+                                    ranks_from_allocation)
 
 
 class RunCommand:
@@ -15,8 +16,8 @@ class RunCommand:
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("target", help="built-in workload (transformer, mixed, resnet50) or path to a .py script")
-        parser.add_argument("-n", "--ranks", dest="world_size", type=positive_int("-n"), required=True,
-                            help="number of MPI ranks")
+        parser.add_argument("-n", "--ranks", dest="world_size", type=positive_int("-n"), default=None,
+                            help="number of MPI ranks (inside a Slurm allocation: its SLURM_NTASKS by default)")
         parser.add_argument("--mode", type=mode_choice, default=None,
                             help="as-written (a script's default: change nothing) | sparse (allgather every "
                                  "IndexedSlices, a workload's default) | dense (densify every one) | dedup (sum "
@@ -27,6 +28,7 @@ class RunCommand:
                                  "modes as-written, sparse, dense, auto)")
         parser.add_argument("--out", help="run directory to create (default runs/NAME-MODE-nN-TIME)")
         add_launch_options(parser, default_steps=5)
+        add_launcher_option(parser)
 
     def run(self, args: argparse.Namespace, script_args: list[str]) -> int:
         import os
@@ -37,7 +39,8 @@ class RunCommand:
         from memdiag.launch.session import RunRequest, execute
         from memdiag.report.terminal import print_run
 
-        request = RunRequest(args.target, args.world_size, args.mode, LaunchOptions.from_args(args, script_args),
+        world_size = ranks_from_allocation(args.world_size)
+        request = RunRequest(args.target, world_size, args.mode, LaunchOptions.from_args(args, script_args),
                              out=args.out, force=args.force, engine=args.engine)
         console = Console(stderr=True)
         engine = "" if request.engine == HOROVOD else f", engine {request.engine}"

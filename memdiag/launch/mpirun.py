@@ -1,8 +1,9 @@
-"""Build the mpirun command line and run it under supervision (timeout, whole process group).
-Where mpirun places each rank is :mod:`memdiag.hosts`.
+"""Build the launcher's command line (Open MPI's mpirun, or Slurm's srun inside an allocation) and run
+it under supervision (timeout, whole process group). Where mpirun places each rank is :mod:`memdiag.hosts`.
 
-mpirun gets memdiag's whole environment, so any MCA option set as ``OMPI_MCA_<name>=<value>`` (the
-rsh agent, network interfaces, ports) reaches it without an option of memdiag's.
+The launcher gets memdiag's whole environment, so any MCA option set as ``OMPI_MCA_<name>=<value>`` (the
+rsh agent, network interfaces, ports), or any ``SLURM_*``/``SRUN_*`` input variable, reaches it without an
+option of memdiag's. srun passes the whole environment to the ranks itself (``--export=ALL``, its default).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Callable
 from memdiag._errors import UserError
 from memdiag.hosts import parse_hosts, placement, ranks_per_host
 
-__all__ = ["Launch", "LaunchResult", "command", "find_mpirun", "parse_hosts", "placement", "ranks_per_host", "run"]
+__all__ = ["Launch", "LaunchResult", "command", "find_launcher", "find_mpirun", "parse_hosts", "placement",
+           "ranks_per_host", "run"]
 
 # Variables the ranks need on other hosts too (mpirun passes them with -x).
 _FORWARD = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS",
@@ -36,6 +38,7 @@ class Launch:
     timeout_s: float | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     mpirun_args: list[str] = field(default_factory=list)
+    launcher: str = "mpirun"  # or "srun"
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,19 @@ def find_mpirun() -> str:
     return path
 
 
+def find_launcher(name: str) -> str:
+    if name == "srun":
+        path = shutil.which("srun")
+        if path is None:
+            raise UserError("srun not found on PATH: --launcher srun runs inside a Slurm allocation (sbatch, salloc); "
+                            "use --launcher mpirun elsewhere")
+        return path
+    return find_mpirun()
+
+
 def command(launch: Launch) -> list[str]:
+    if launch.launcher == "srun":
+        return _srun_command(launch)
     cmd = [find_mpirun(), "-np", str(launch.world_size), "--oversubscribe", "--bind-to", "none"]
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
@@ -63,6 +78,23 @@ def command(launch: Launch) -> list[str]:
     names = [k for k in env if k in _FORWARD or k.startswith(_FORWARD_PREFIXES)]
     for name in sorted(set(names)):
         cmd += ["-x", name]
+    cmd += launch.mpirun_args
+    cmd += [sys.executable, "-m", "memdiag.agent", *launch.agent_args]
+    return cmd
+
+
+def _srun_command(launch: Launch) -> list[str]:
+    """``srun -n N`` in the allocation it runs in. Debian's Open MPI (and so Horovod's MPI) needs PMIx from
+    srun: ``--mpi=pmix`` unless the environment names an MPI plugin (SLURM_MPI_TYPE, srun's own input
+    variable). A rank that fails ends the step, as mpirun ends the job (``--kill-on-bad-exit``). More ranks
+    than the allocation has tasks (a comparison's largest N in a small allocation) are ``--overcommit``."""
+    cmd = [find_launcher("srun"), "-n", str(launch.world_size), "--kill-on-bad-exit=1"]
+    tasks = os.environ.get("SLURM_NTASKS", "")
+    if tasks.isdigit() and launch.world_size > int(tasks):
+        # More ranks than the allocation's tasks share its CPUs, as mpirun's --oversubscribe lets them.
+        cmd.append("--overcommit")
+    if "SLURM_MPI_TYPE" not in os.environ:
+        cmd.append("--mpi=pmix")
     cmd += launch.mpirun_args
     cmd += [sys.executable, "-m", "memdiag.agent", *launch.agent_args]
     return cmd
@@ -97,10 +129,10 @@ def run(launch: Launch, log_path: str, poll: Callable[[], None] | None = None) -
                         poll()
                     if launch.timeout_s is not None and time.monotonic() - start > launch.timeout_s:
                         timed_out = True
-                        _end_group(proc)
+                        _end_group(proc, launch.launcher)
                         break
         except (KeyboardInterrupt, SystemExit):
-            _end_group(proc)
+            _end_group(proc, launch.launcher)
             raise
         finally:
             for sig, handler in previous.items():
@@ -112,9 +144,15 @@ def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def _end_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to mpirun and every rank it started, then SIGKILL what is left."""
-    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+# Seconds between the SIGTERM and the SIGKILL of a launcher's process group. srun, on SIGTERM, ends its
+# step through slurmd (SIGTERM to the ranks, SIGKILL after the cluster's KillWait): killed itself before
+# that, it would leave the step to Slurm's timeouts.
+_GRACE_S = {"mpirun": 5.0, "srun": 40.0}
+
+
+def _end_group(proc: subprocess.Popen, launcher: str = "mpirun") -> None:
+    """SIGTERM to the launcher and every rank it started, then SIGKILL what is left."""
+    for sig, grace in ((signal.SIGTERM, _GRACE_S.get(launcher, 5.0)), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:

@@ -14,6 +14,9 @@ from typing import Mapping
 from memdiag._errors import UserError
 
 SPOOLS = ("shared", "local")
+# What starts the ranks: Open MPI's mpirun (the default), or Slurm's srun inside an allocation.
+LAUNCHERS = ("mpirun", "srun")
+DEFAULT_LAUNCHER = "mpirun"
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,7 @@ class LaunchOptions:
     # Built-in workloads: after --steps, up to this many more steps while any rank's per-step peak
     # has not settled (two consecutive steps within 1%, memdiag.analyze.steady).
     max_warmup: int = 0
+    launcher: str = DEFAULT_LAUNCHER  # one of LAUNCHERS
 
     def __post_init__(self) -> None:
         # A copy of its own: a study's runs cannot change each other's options.
@@ -59,7 +63,12 @@ class LaunchOptions:
             raise UserError(f"--max-warmup {self.max_warmup}: give 0 (no warm-up steps) or more")
         if self.threads_per_rank is not None and self.threads_per_rank < 1:
             raise UserError(f"--threads-per-rank {self.threads_per_rank}: give at least 1")
+        if self.launcher not in LAUNCHERS:
+            raise UserError(f"--launcher {self.launcher!r}: choose one of {', '.join(LAUNCHERS)}")
         if self.hosts:
+            if self.launcher == "srun":
+                raise UserError("--hosts is mpirun's host list; under srun the allocation decides where ranks run "
+                                "(sbatch/salloc -N, --nodelist): drop --hosts")
             mpirun.parse_hosts(self.hosts)
 
     @classmethod
@@ -69,7 +78,9 @@ class LaunchOptions:
                    script_args=tuple(script_args), margin=args.margin, seed=args.seed, hosts=args.hosts,
                    timeout_s=args.timeout, mem_limit_bytes=args.mem_limit, spool=args.spool,
                    memray=args.memray, horovod_timeline=args.horovod_timeline,
-                   threads_per_rank=args.threads_per_rank, max_warmup=args.max_warmup)
+                   threads_per_rank=args.threads_per_rank, max_warmup=args.max_warmup,
+                   # --launcher is run's and compare's (add_launcher_option), not every verb's
+                   launcher=getattr(args, "launcher", None) or DEFAULT_LAUNCHER)
 
 
 DEFAULTS = LaunchOptions()

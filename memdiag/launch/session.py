@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sys
 import time
 import uuid
@@ -14,7 +15,7 @@ from memdiag import __version__, rundir
 from memdiag._errors import UserError
 from memdiag.agent.config import (ENGINES, HOROVOD, TF_DISTRIBUTE, TF_DISTRIBUTE_MODES, TF_DISTRIBUTE_WORKLOADS,
                                   AgentConfig)
-from memdiag.collect import load_run
+from memdiag.collect import RankRecords, Run, load_run
 from memdiag.launch import mpirun, ports
 from memdiag.launch.options import LaunchOptions
 from memdiag.policy import AS_WRITTEN, MODES
@@ -60,7 +61,9 @@ def label(target: str) -> str:
     return os.path.splitext(os.path.basename(target))[0] if is_script(target) else target
 
 
-def validate(request: RunRequest) -> None:
+def validate(request: RunRequest, launcher_needed: bool = True) -> None:
+    """Bad input, in one line (UserError). ``launcher_needed``: memdiag starts the ranks itself (not
+    ``memdiag agent``, where the user's launcher did)."""
     if request.world_size < 1:
         raise UserError(f"-n {request.world_size}: the number of ranks must be at least 1")
     if request.mode not in MODES:
@@ -79,7 +82,8 @@ def validate(request: RunRequest) -> None:
         from memdiag.workloads.configs import PRESETS, with_overrides
 
         with_overrides(PRESETS[request.target][options.preset], dict(options.overrides))
-    mpirun.find_mpirun()
+    if launcher_needed:
+        mpirun.find_launcher(options.launcher)
 
 
 def _validate_tf_distribute(request: RunRequest) -> None:
@@ -201,23 +205,20 @@ class StepWatcher:
         return self.steps
 
 
-def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None) -> str:
-    """Run ``request`` to completion and return its run directory (summary.json written).
-
-    ``on_steps`` is told how many training steps rank 0 has finished, while the run goes on.
-    """
-    validate(request)
+def run_manifest(request: RunRequest, run_id: str, config: AgentConfig, launcher: str) -> dict[str, Any]:
+    """run.json as a run starts: what was asked, where ranks go (as far as the launcher lets it be known
+    beforehand), ``status: running``. :func:`conclude` completes it."""
     options = request.options
-    out = request.out or default_out(request)
-    rundir.prepare(out, request.force)
-    run_id = uuid.uuid4().hex[:12]
-    config = agent_config(request, run_id, out)
     cores = os.cpu_count() or 1
-    manifest: dict[str, Any] = {
+    # mpirun places ranks as memdiag.hosts says; srun and foreign launchers as their allocation does,
+    # known from the ranks' start records when the run ends (conclude).
+    known = launcher == "mpirun"
+    return {
         "memdiag_version": __version__,
         "run_id": run_id,
         "argv": sys.argv,
         "request": asdict(request),
+        "launcher": launcher,
         "workload": request.label,
         "script": config.script,
         "preset": None if request.is_script else options.preset,
@@ -229,15 +230,21 @@ def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None) 
         "cores_per_host": cores,
         # Where mpirun puts each rank (slots of --hosts filled in order); the ranks' own start
         # records say where they ran.
-        "placement": mpirun.placement(request.world_size, options.hosts),
-        "oversubscribed": mpirun.ranks_per_host(request.world_size, options.hosts) > cores,
+        "placement": mpirun.placement(request.world_size, options.hosts) if known else None,
+        "oversubscribed": mpirun.ranks_per_host(request.world_size, options.hosts) > cores if known else None,
         "created": time.time(),
+        # Who writes this run's end (memdiag collect tells a killed launcher from a running one).
+        "launcher_pid": os.getpid(),
+        "launcher_host": socket.gethostname(),
         "status": "running",
         "changes_to_job": changes_to_job(request),
         "memory_environment": memory_environment(),
     }
-    manifest_path = os.path.join(out, rundir.RUN_MANIFEST)
-    rundir.write_json(manifest_path, manifest)
+
+
+def rank_environment(request: RunRequest, out: str) -> dict[str, str]:
+    """Variables every rank gets beside the user's environment."""
+    options = request.options
     extra_env: dict[str, str] = {}
     if options.timeout_s:
         # Horovod's stall inspector then names the missing ranks well before the job is ended.
@@ -248,6 +255,26 @@ def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None) 
         extra_env["TF_ENABLE_ONEDNN_OPTS"] = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "0")
     if options.horovod_timeline:
         extra_env["HOROVOD_TIMELINE"] = os.path.join(os.path.abspath(out), rundir.HOROVOD_TIMELINE)
+    return extra_env
+
+
+def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None) -> str:
+    """Run ``request`` to completion and return its run directory (summary.json written).
+
+    ``on_steps`` is told how many training steps rank 0 has finished, while the run goes on. A SIGTERM
+    or SIGHUP to memdiag ends the ranks (they write their last records), completes the run directory
+    ("terminated by SIGTERM at step K") and exits with 128 + the signal's number.
+    """
+    validate(request)
+    options = request.options
+    out = request.out or default_out(request)
+    rundir.prepare(out, request.force)
+    run_id = uuid.uuid4().hex[:12]
+    config = agent_config(request, run_id, out)
+    manifest = run_manifest(request, run_id, config, options.launcher)
+    manifest_path = os.path.join(out, rundir.RUN_MANIFEST)
+    rundir.write_json(manifest_path, manifest)
+    extra_env = rank_environment(request, out)
     if request.engine == TF_DISTRIBUTE:
         if options.hosts:
             # Free ports of other hosts are unknown here: each rank chooses its own port and address, and
@@ -264,35 +291,129 @@ def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None) 
         rundir.write_json(manifest_path, manifest)
     launch = mpirun.Launch(request.world_size, [config.encode()], hosts=options.hosts,
                            timeout_s=options.timeout_s, extra_env=extra_env,
-                           mpirun_args=list(RANK_ORDER_MCA) if request.rank_order_allreduce else [])
+                           mpirun_args=list(RANK_ORDER_MCA) if request.rank_order_allreduce else [],
+                           launcher=options.launcher)
     watcher = StepWatcher(os.path.join(out, rundir.rank_file(0)))
     # With --spool local rank 0 streams its records into the run directory too (about once a second).
     poll = None if on_steps is None else (lambda: on_steps(watcher.poll()))
-    result = mpirun.run(launch, os.path.join(out, rundir.MPIRUN_LOG), poll)
-    run = load_run(out)
-    versions = next((r.start.get("versions") for r in run.ranks.values() if r.start), None)
-    statuses = {rank: (records.end or {}).get("status", "died") for rank, records in run.ranks.items()}
-    ok = result.returncode == 0 and not result.timed_out and len(statuses) == request.world_size \
-        and all(s == "ok" for s in statuses.values())
-    manifest.update({
-        "command": result.command,
-        "returncode": result.returncode,
-        "timed_out": result.timed_out,
-        "wall_s": result.wall_s,
-        "finished": time.time(),
-        "versions": versions,
-        "rank_status": {str(r): statuses.get(r, "missing") for r in range(request.world_size)},
-        "status": "ok" if ok else ("timeout" if result.timed_out else "failed"),
-    })
-    rundir.write_json(manifest_path, manifest)
+    started = time.monotonic()
+    try:
+        result = mpirun.run(launch, os.path.join(out, rundir.MPIRUN_LOG), poll)
+    except SystemExit as exc:
+        # mpirun.run ended the ranks on a signal to memdiag (SystemExit(128 + signal)): say so, then exit.
+        code = exc.code if isinstance(exc.code, int) else 1
+        signum = code - 128 if code > 128 else None
+        conclude(out, manifest, returncode=code, timed_out=False, wall_s=time.monotonic() - started,
+                 command=mpirun.command(launch), signal_name=_signal_name(signum) if signum else None)
+        raise
+    run = conclude(out, manifest, returncode=result.returncode, timed_out=result.timed_out, wall_s=result.wall_s,
+                   command=result.command, summarize_run=False)
     problems = {(records.end or {}).get("error") for records in run.ranks.values()
                 if (records.end or {}).get("status") == "environment"}
     if problems:
         # Nothing was measured: leave nothing that looks like a run behind.
         shutil.rmtree(out, ignore_errors=True)
         raise UserError(sorted(p for p in problems if p)[0])
+    write_summary(run)
+    return out
+
+
+def _signal_name(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def stopped_at(records: RankRecords) -> int | None:
+    """The last training step a rank recorded (its last ``step`` record, or a later step its records
+    name: a collective in flight, a ``terminated`` record); None before its first step."""
+    found: list[int] = [s["step"] for s in records.steps if isinstance(s.get("step"), int) and s["step"] >= 0]
+    found += [r["step"] for r in (records.killed, records.end, *records.other)
+              if isinstance(r, dict) and isinstance(r.get("step"), int) and r["step"] >= 0]
+    if records.collectives:
+        last = records.collectives[-1].get("step")
+        if isinstance(last, int) and last >= 0:
+            found.append(last)
+    return max(found) if found else None
+
+
+def where_ranks_stopped(stopped: Mapping[int, int | None], world_size: int) -> str:
+    """``rank(s) 0, 1 stopped at step 3; rank 2 before its first step; rank 3 left no records``."""
+    groups: dict[str, list[int]] = {}
+    for rank in range(world_size):
+        if rank not in stopped:
+            where = "left no records"
+        elif stopped[rank] is None:
+            where = "before its first step"
+        else:
+            where = f"stopped at step {stopped[rank]}"
+        groups.setdefault(where, []).append(rank)
+    return "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))} {where}" for where, r in groups.items())
+
+
+def conclude(out: str, manifest: dict[str, Any], *, returncode: int | None, timed_out: bool, wall_s: float | None,
+             command: list[str] | None, signal_name: str | None = None, exit_codes: Mapping[int, int] | None = None,
+             summarize_run: bool = True, unfinished: bool = False) -> Run:
+    """Complete run.json from the ranks' records (status, per-rank status, where the ranks ran) and,
+    unless told not to, write summary.json. Returns the run as read.
+
+    ``exit_codes``: each rank's exit status where the launcher is not memdiag's (``memdiag agent``; a
+    negative one is the signal that ended the rank). ``signal_name``: the signal that ended the run
+    from outside. ``unfinished``: nothing was heard from the launcher (a run directory still ``running``
+    whose launcher is gone: SIGKILL, a lost node); the status says so and where each rank stopped.
+    A rank that ended without an end record is named with the step it stopped at.
+    """
+    run = load_run(out)
+    world_size = int(manifest.get("world_size") or 0)
+    versions = next((r.start.get("versions") for r in run.ranks.values() if r.start), None)
+    statuses = {rank: (records.end or {}).get("status", "died") for rank, records in run.ranks.items()}
+    stopped = {rank: stopped_at(records) for rank, records in run.ranks.items()}
+    ok = returncode == 0 and not timed_out and len(statuses) == world_size and all(s == "ok" for s in statuses.values())
+    if exit_codes is not None:
+        ok = ok and all(code == 0 for code in exit_codes.values())
+    if unfinished:
+        status = "ended without a word from its launcher; " + where_ranks_stopped(stopped, world_size)
+    elif signal_name is not None:
+        reached = [s for s in stopped.values() if s is not None]
+        status = f"terminated by {signal_name} at step {max(reached)}" if reached else \
+            f"terminated by {signal_name} before the first step"
+    else:
+        status = "ok" if ok else ("timeout" if timed_out else "failed")
+    hosts = [(run.ranks[r].start or {}).get("host") if r in run.ranks else None for r in range(world_size)]
+    if manifest.get("placement") is None and all(hosts):
+        # Where srun or the user's launcher put the ranks: their start records say.
+        counts: dict[str, int] = {}
+        for host in hosts:
+            counts[str(host)] = counts.get(str(host), 0) + 1
+        manifest["placement"] = hosts
+        manifest["hosts"] = ",".join(f"{h}:{c}" for h, c in counts.items()) if len(counts) > 1 else None
+        manifest["oversubscribed"] = max(counts.values()) > int(manifest.get("cores_per_host") or 1)
+    manifest.update({
+        "command": command,
+        "returncode": returncode,
+        "timed_out": timed_out,
+        "wall_s": wall_s,
+        "finished": time.time(),
+        "versions": versions,
+        "rank_status": {str(r): statuses.get(r, "missing") for r in range(world_size)},
+        "rank_stopped_at_step": {str(r): stopped.get(r) for r in range(world_size)},
+        "status": status,
+    })
+    if exit_codes is not None:
+        manifest["rank_exit_codes"] = {str(r): exit_codes.get(r) for r in range(world_size)}
+    if signal_name is not None:
+        manifest["terminated_by"] = signal_name
+    rundir.write_json(os.path.join(out, rundir.RUN_MANIFEST), manifest)
+    run.manifest = manifest  # the records were read above; only the manifest has changed since
+    if summarize_run:
+        write_summary(run)
+    return run
+
+
+def write_summary(run: Run) -> None:
     from memdiag.analyze.summary import summarize
 
-    run.manifest = manifest  # the records were read above; only the manifest has changed since
-    rundir.write_json(os.path.join(out, rundir.SUMMARY), summarize(run))
-    return out
+    rundir.write_json(os.path.join(run.path, rundir.SUMMARY), summarize(run))

@@ -1,0 +1,229 @@
+"""`memdiag agent` under the user's own mpirun (with the user's flags), against `memdiag run` of the same
+script: the same collectives, the same bytes, a run directory that `report` reads; and its bad input.
+
+The Slurm launchers (srun, sbatch, salloc, horovodrun) are the Slurm tier's: tests/slurm/.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import PYTHON, ROOT, memdiag, read_json, read_records
+from tests.launchers import MARKER_SCRIPT, collective_signature, end_records, memdiag_agent_argv
+
+SCRIPT = "examples/user_tape_function.py"
+STEPS = "3"
+
+
+@pytest.fixture(scope="module")
+def reference(runs_root):
+    out = runs_root / "ref-memdiag-run"
+    result = memdiag("run", SCRIPT, "-n", "2", "--out", str(out), "--", "--steps", STEPS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def user_mpirun(runs_root):
+    """The user's own mpirun, with their own flags, starting `memdiag agent` on every rank."""
+    out = runs_root / "agent-mpirun"
+    mpirun = shutil.which("mpirun")
+    assert mpirun is not None
+    cmd = [mpirun, "-np", "2", "--oversubscribe", "--bind-to", "none", "--map-by", "slot", "--tag-output",
+           *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
+           *memdiag_agent_argv("--out", str(out), "--", "python", SCRIPT, "--steps", STEPS)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, stdin=subprocess.DEVNULL)
+    return out, result
+
+
+@pytest.mark.mpi
+def test_agent_under_the_users_mpirun_records_the_same_collectives_as_memdiag_run(reference, user_mpirun):
+    out, result = user_mpirun
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for rank in (0, 1):
+        mine, theirs = collective_signature(out, rank), collective_signature(reference, rank)
+        assert mine and mine == theirs, f"rank {rank}"
+    ours, ref = read_json(out / "summary.json"), read_json(reference / "summary.json")
+    assert [r["allgather_bytes_per_step"] for r in ours["ranks"]] == [r["allgather_bytes_per_step"] for r in ref["ranks"]]
+
+
+@pytest.mark.mpi
+def test_agent_run_json_names_the_launcher_its_command_and_every_ranks_exit(user_mpirun):
+    out, _ = user_mpirun
+    manifest = read_json(out / "run.json")
+    assert manifest["launcher"] == "mpirun" and manifest["status"] == "ok"
+    assert manifest["rank_status"] == {"0": "ok", "1": "ok"} and manifest["rank_exit_codes"] == {"0": 0, "1": 0}
+    # rank 0's parent: the user's mpirun, with the user's own flags
+    assert "--map-by" in manifest["command"] and os.path.basename(manifest["command"][0]) == "mpirun"
+    assert manifest["world_size"] == 2 and manifest["script"].endswith(SCRIPT)
+    assert manifest["user_command"] == ["python", SCRIPT, "--steps", STEPS]
+
+
+@pytest.mark.mpi
+def test_report_reads_an_agent_run_directory(user_mpirun):
+    out, _ = user_mpirun
+    result = memdiag("report", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "status ok" in result.stdout
+
+
+# -- bad input: one line, exit status 2, the user's script not started --------------------------------
+
+ONE_RANK = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1", "PMIX_RANK": "0", "PMIX_NAMESPACE": "t1"}
+
+
+def _agent(env: dict[str, str], *args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    launcher = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "SLURM_", "HOROVOD_"))}
+    marker = tmp_path / "started"
+    return subprocess.run(memdiag_agent_argv(*args, "--", "python", str(MARKER_SCRIPT), str(marker)),
+                          capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**launcher, **env}, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("env,out,needle", [
+    ({}, "fresh", "no launcher's environment"),
+    ({**ONE_RANK, "PMIX_RANK": "1"}, "fresh", "OMPI_COMM_WORLD_RANK=0 but PMIX_RANK=1"),
+    (ONE_RANK, "a-file/run", "cannot write to --out"),
+    (ONE_RANK, "another-run", "already exists"),
+    # rank 0 of 2, alone: rank 1 never checks in
+    ({**ONE_RANK, "OMPI_COMM_WORLD_SIZE": "2"}, "fresh", "rank(s) 1 did not check in"),
+    # rank 1 of 2, alone: no rank 0 creates the run directory
+    ({**ONE_RANK, "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1", "PMIX_RANK": "1"}, "fresh",
+     "rank 0 did not create"),
+])
+def test_bad_input_is_one_line_exit_2_and_the_script_never_starts(tmp_path, env, out, needle):
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "another-run").mkdir()
+    (tmp_path / "another-run" / "run.json").write_text('{"run_id": "0123456789ab"}')
+    result = _agent(env, "--out", str(tmp_path / out), "--start-timeout", "2", tmp_path=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], result.stderr
+    assert not (tmp_path / "started").exists()
+    if out == "fresh":
+        assert not (tmp_path / "fresh").exists()  # nothing that looks like a run is left behind
+
+
+def test_ranks_named_for_memray_must_exist(tmp_path):
+    result = _agent({**ONE_RANK, "OMPI_COMM_WORLD_SIZE": "2"}, "--out", str(tmp_path / "m"), "--memray-ranks", "0,7",
+                    tmp_path=tmp_path)
+    assert result.returncode == 2 and "--memray-ranks names rank 7" in result.stderr
+    assert not (tmp_path / "started").exists()
+
+
+def test_the_marker_script_does_start_when_nothing_is_wrong(tmp_path):
+    """The marker proves the bad-input tests above: the same script, run plainly, leaves it."""
+    marker = tmp_path / "started"
+    subprocess.run([PYTHON, str(MARKER_SCRIPT), str(marker)], check=True, timeout=60)
+    assert marker.exists()
+
+
+# -- memdiag run --launcher: bad input ------------------------------------------------------------------
+
+def _memdiag_outside_slurm(*args: str, path: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    if path is not None:
+        env["PATH"] = path
+    return subprocess.run([PYTHON, "-m", "memdiag", *args], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env=env, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["run", "transformer"], "give the number of ranks with -n N"),
+    (["run", "transformer", "-n", "2", "--launcher", "srun", "--hosts", "a:2"], "--hosts is mpirun's host list"),
+    (["run", "transformer", "-n", "2", "--launcher", "pbs"], "--launcher"),
+])
+def test_run_launcher_bad_input(tmp_path, args, needle):
+    result = _memdiag_outside_slurm(*args, "--out", str(tmp_path / "r"))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], result.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_run_launcher_srun_without_srun(tmp_path):
+    result = _memdiag_outside_slurm("run", "transformer", "-n", "1", "--launcher", "srun", "--out", str(tmp_path / "r"),
+                                    path=str(tmp_path))
+    assert result.returncode == 2 and "srun not found" in result.stderr
+    assert not (tmp_path / "r").exists()
+
+
+# -- ended from outside: SIGTERM, SIGKILL --------------------------------------------------------------
+
+def _steps_recorded(path: Path) -> int:
+    if not path.exists():
+        return 0
+    return sum(1 for line in path.read_text(errors="replace").splitlines()
+               if line.startswith('{"type":"step"') and '"step":-1' not in line)
+
+
+def _start_long_run(out: Path) -> subprocess.Popen:
+    """`memdiag run` of the example for ever (100000 steps), once both ranks have finished 2 steps."""
+    proc = subprocess.Popen([PYTHON, "-m", "memdiag", "run", SCRIPT, "-n", "2", "--out", str(out), "--",
+                             "--steps", "100000"], cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 400
+    while min(_steps_recorded(out / "rank-0.jsonl"), _steps_recorded(out / "rank-1.jsonl")) < 2:
+        assert proc.poll() is None, proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+        assert time.monotonic() < deadline, "the run did not reach step 2"
+        time.sleep(0.5)
+    return proc
+
+
+def _last_step(path: Path) -> int:
+    """The largest training step any record of a rank file names (read here, not by memdiag)."""
+    steps = [r.get("step") for r in read_records(path)]
+    return max(s for s in steps if isinstance(s, int) and s >= 0)
+
+
+@pytest.mark.mpi
+def test_sigterm_to_memdiag_run_lets_every_rank_write_and_marks_the_run_terminated(runs_root):
+    out = runs_root / "sigterm"
+    proc = _start_long_run(out)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    manifest = read_json(out / "run.json")
+    assert manifest["status"].startswith("terminated by SIGTERM at step"), manifest["status"]
+    for rank in (0, 1):
+        [end] = end_records(out, rank)
+        assert end["status"] == "terminated" and end["signal"] == "SIGTERM" and end["step"] >= 1
+        assert manifest["rank_stopped_at_step"][str(rank)] == _last_step(out / f"rank-{rank}.jsonl")
+    assert read_json(out / "summary.json")["status"] == manifest["status"]
+    report = memdiag("report", str(out))
+    assert report.returncode == 0 and "terminated by SIGTERM at step" in report.stdout
+
+
+@pytest.mark.mpi
+def test_after_sigkill_collect_says_the_run_ended_without_a_word_and_where_each_rank_stopped(runs_root):
+    import psutil
+
+    out = runs_root / "sigkill"
+    proc = _start_long_run(out)
+    # A batch system's SIGKILL reaches every process of the job at once: memdiag, mpirun, the ranks.
+    everyone = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    for process in everyone:
+        try:
+            process.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(everyone, timeout=60)
+    proc.wait(timeout=60)
+    assert read_json(out / "run.json")["status"] == "running"  # nobody was left to say otherwise
+    result = memdiag("collect", str(out))
+    assert result.returncode == 0, result.stderr
+    manifest = read_json(out / "run.json")
+    assert manifest["status"].startswith("ended without a word from its launcher"), manifest["status"]
+    for rank in (0, 1):
+        last = _last_step(out / f"rank-{rank}.jsonl")
+        assert manifest["rank_stopped_at_step"][str(rank)] == last
+        assert f"stopped at step {last}" in manifest["status"]
+        assert manifest["rank_status"][str(rank)] == "died"
+    report = memdiag("report", str(out))
+    assert report.returncode == 0 and "ended without a word from its launcher" in report.stdout
