@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from memdiag import rundir
 from memdiag.collect import RankRecords, Run
 from memdiag.units import format_bytes
 
@@ -100,5 +101,5 @@ def diagnose(run: Run) -> dict[str, Any] | None:
     if m.get("status") not in (None, "ok", "running"):
         dead = [rank for rank, r in run.ranks.items() if r.end is None]
         return {"kind": "died", "headline": f"rank(s) {', '.join(map(str, dead)) or '?'} ended without a "
-                                            f"record of why (killed by a signal?); see mpirun.log"}
+                                            f"record of why (killed by a signal?); see {rundir.MPIRUN_LOG}"}
     return None
