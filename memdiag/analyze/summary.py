@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from memdiag import rundir
 from memdiag.analyze.attribution import summary_entry as attribution_entry
 from memdiag.analyze.failure import diagnose
 from memdiag.analyze.steady import steady_figures
@@ -345,6 +347,35 @@ def _recorded_rows(run: Run, names: set[str]) -> dict[str, _Recorded]:
     return found
 
 
+def saved_table_rows(run_dir: str) -> dict[str, int]:
+    """Per variable rank 0 saved (``params_initial.npz``, else ``params.npz``), its first dimension: the
+    rows of an embedding table whose gradient's shape the graph did not know. Read from each array's
+    header alone, so a large table is not loaded."""
+    import zipfile
+
+    from numpy.lib import format as npy
+
+    for file in (rundir.INITIAL_PARAMETERS, rundir.PARAMETERS):
+        path = os.path.join(run_dir, file)
+        if not os.path.isfile(path):
+            continue
+        rows: dict[str, int] = {}
+        try:
+            with zipfile.ZipFile(path) as archive:
+                for info in archive.infolist():
+                    with archive.open(info) as f:
+                        version = npy.read_magic(f)
+                        header = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+                        shape = header(f)[0]
+                    key = info.filename.removesuffix(".npy")
+                    if shape:  # keys are "INDEX:NAME" (memdiag.analyze.verify.load_parameters)
+                        rows[key.split(":", 1)[1] if ":" in key else key] = int(shape[0])
+        except (OSError, ValueError, zipfile.BadZipFile):
+            continue  # damaged: the records alone decide
+        return rows
+    return {}
+
+
 def gradient_rows(run: Run, policies: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     """Per IndexedSlices gradient (``policies``: its policy record on each rank), the rows in three
     distinct meanings, and what the records add to its shape:
@@ -355,11 +386,14 @@ def gradient_rows(run: Run, policies: dict[str, list[dict[str, Any]]]) -> dict[s
       longest worker's (padded);
     - ``rows_largest_rank``: the largest rank's own rows.
 
-    Rows come from the records of the run where they show them (``rows_from`` "records"), else from
-    each rank's policy record, read when the graph was traced (``local_rows``, "trace"); unknown: None.
+    Rows come from the records of the run where they show them, else from each rank's policy record,
+    read when the graph was traced (``local_rows``); ``rows_from`` says "trace" when every rank's graph
+    knew its rows, "records" when they had to be read off the run's records; unknown: None.
     A policy record whose shape was unknown at trace time gets row width, index size and table rows
-    from the records where they show them (``shape_from`` "records")."""
+    from the records where they show them, the table rows else from the parameters rank 0 saved
+    (``shape_from`` "records")."""
     recorded = _recorded_rows(run, set(policies))
+    saved: dict[str, int] | None = None
     world = run.manifest.get("world_size")
     ranks = set(range(world)) if isinstance(world, int) and world > 0 else set(run.ranks)
     out: dict[str, dict[str, Any]] = {}
@@ -368,7 +402,9 @@ def gradient_rows(run: Run, policies: dict[str, list[dict[str, Any]]]) -> dict[s
         traced = {p["rank"]: p["local_rows"] for p in records
                   if isinstance(p.get("rank"), int) and isinstance(p.get("local_rows"), int)}
         own = {rank: max(steps.values()) for rank, steps in seen.rows.items() if steps}
-        source = "records" if own else ("trace" if traced else None)
+        # where the rows come from when the trace did not know them all; the records' figures are used
+        # wherever they exist (what ran), and equal the trace's where both are known
+        source = "trace" if ranks <= set(traced) else ("records" if own else None)
         for rank, rows in traced.items():
             own.setdefault(rank, rows)
         workers = next((p["rows_per_worker"] for p in records if p.get("rows_per_worker")), None)
@@ -387,6 +423,10 @@ def gradient_rows(run: Run, policies: dict[str, list[dict[str, Any]]]) -> dict[s
             "rows_from": source,
         }
         first = records[0]
+        if first.get("dense_rows") is None and "dense_rows" not in seen.shape:
+            saved = saved_table_rows(run.path) if saved is None else saved
+            if name in saved:
+                seen.shape["dense_rows"] = saved[name]
         filled = {k: v for k, v in seen.shape.items() if first.get(k) is None}
         if filled:
             entry.update(filled)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from memdiag import rundir
@@ -86,7 +87,7 @@ def test_the_summary_keeps_every_ranks_rows_and_the_formula_equals_the_gathered_
     policy = policy_of(summary)
     assert policy["own_rows_by_rank"] == {"0": 2000, "1": 5000}
     assert policy["rows_gathered"] == 7000 and policy["rows_largest_rank"] == 5000
-    assert policy["rows_from"] == "records"
+    assert policy["rows_from"] == "trace"  # every rank's graph knew its rows
     assert policy["formula_gathered_bytes"] == 3_640_000
     # the record's own figure stays as rank 0 wrote it (its 2000 rows)
     assert policy["rows_per_rank"] == 2000
@@ -143,6 +144,14 @@ def test_predict_extrapolates_from_the_largest_ranks_rows_and_says_so(tmp_path):
     text = notes(table).plain
     assert "extrapolated from the largest rank's rows, 5000 per rank" in text
     assert "the ranks had 2000-5000, 7000 gathered at N=2" in text
+    assert "read from the run's records" not in text  # the graph knew them
+
+
+def test_rows_read_off_the_records_are_said_so(tmp_path):
+    sparse = compare.load_summary(str(uneven_run(tmp_path / "s", traced=False)))
+    dense = compare.load_summary(str(uneven_run(tmp_path / "d", mode="dense", traced=False)))
+    text = notes(prediction_table(build_model([sparse, dense]), [4], ["sparse"])).plain
+    assert "rows unknown when the graph was traced, read from the run's records" in text
 
 
 def test_a_table_whose_rows_were_unknown_when_traced_is_predicted_from_the_records(tmp_path):
@@ -174,6 +183,19 @@ def test_a_table_that_cannot_be_predicted_is_named_with_why_by_predict_and_by_th
     # AND the projection refuses the same run for the same reason
     with pytest.raises(UserError, match="table's row count was not recorded"):
         base_from_summary(sparse, "s", items_per_rank=2000, compute_s=0.1)
+
+
+def test_the_table_rows_of_an_untraced_gradient_come_from_the_saved_parameters(tmp_path):
+    # GIVEN the sparse run alone, with rank 0's initial parameters saved as a run saves them ("INDEX:NAME")
+    path = tmp_path / "s"
+    uneven_run(path, traced=False)
+    np.savez(path / "params_initial.npz", **{f"0000:{TABLE}": np.zeros((VOCAB, WIDTH), np.float32),
+                                             "0001:model/kernel:0": np.zeros((WIDTH, WIDTH), np.float32)})
+    sparse = summarize(load_run(str(path)))
+    assert policy_of(sparse)["dense_rows"] == 4000 and policy_of(sparse)["shape_from"] == "records"
+    sparse["steady_peak_rss_bytes_max"] = sparse["peak_rss_bytes_max"] = 500_000_000
+    model = build_model([sparse])
+    assert model.not_predicted == {} and model.gathered_bytes("sparse", 4) == 10_400_000
 
 
 def test_a_dense_run_alone_of_an_untraced_table_names_the_unknown_rows(tmp_path):
