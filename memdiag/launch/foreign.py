@@ -206,6 +206,11 @@ class _Rank:
         })
         if self.request.run.engine == TF_DISTRIBUTE:
             manifest_data.update({"tf_ports": None, "tf_ports_by": "ranks"})
+        if self.request.memray_ranks and not self.request.run.options.memray:
+            manifest_data["changes_to_job"].append(
+                f"--memray-ranks {','.join(map(str, sorted(self.request.memray_ranks)))}: allocations tracked on "
+                "these ranks; oneDNN's pooled allocator off (TF_ENABLE_ONEDNN_OPTS=0) on every rank unless the "
+                "environment sets it")
         rundir.write_json(manifest, manifest_data)
 
     def _wait_for_manifest(self) -> None:
@@ -260,6 +265,10 @@ class _Rank:
         if self.request.run.engine == TF_DISTRIBUTE:
             # No launcher of memdiag's chose ports: the ranks choose and exchange theirs over MPI.
             env[ports.ENV] = ports.RANKS
+        if self.request.memray_ranks:
+            # As --memray does (memray cannot split oneDNN's pooled regions into tensors), on every rank
+            # alike, so that the ranks still compute the same way.
+            env.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
         return env
 
     def run_agent(self) -> int:

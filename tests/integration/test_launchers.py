@@ -227,3 +227,31 @@ def test_after_sigkill_collect_says_the_run_ended_without_a_word_and_where_each_
         assert manifest["rank_status"][str(rank)] == "died"
     report = memdiag("report", str(out))
     assert report.returncode == 0 and "ended without a word from its launcher" in report.stdout
+
+
+# -- heavy tracing on some ranks only ---------------------------------------------------------------------
+
+def _median_gap(path: Path) -> float:
+    import statistics
+
+    gaps = [b - a for r in read_records(path) if r["type"] == "mem" and isinstance(r.get("times"), list)
+            for a, b in zip(r["times"], r["times"][1:])]
+    return statistics.median(gaps)
+
+
+@pytest.mark.mpi
+def test_memray_and_fine_sampling_only_on_the_ranks_named(runs_root):
+    out = runs_root / "some-ranks"
+    mpirun = shutil.which("mpirun")
+    assert mpirun is not None
+    cmd = [mpirun, "-np", "2", "--oversubscribe", "--bind-to", "none",
+           *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
+           *memdiag_agent_argv("--out", str(out), "--memray-ranks", "1", "--trace-ranks", "0", "--", "python", SCRIPT,
+                               "--steps", "1")]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert (out / "rank-1.memray.bin").exists() and not (out / "rank-0.memray.bin").exists()
+    manifest = read_json(out / "run.json")
+    assert manifest["memray_ranks"] == [1] and manifest["trace_ranks"] == [0]
+    # rank 0 samples every 5 ms (a loaded host stretches that), rank 1 every 100 ms
+    assert _median_gap(out / "rank-1.jsonl") >= 0.09 > _median_gap(out / "rank-0.jsonl")
