@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup setup-tf-latest demo test test-slow test-tf-latest test-fast lint bench clean-runs
+.PHONY: setup setup-tf-latest demo test test-slow test-tf-latest test-slurm test-fast lint bench clean-runs
 
 setup:
 	bash scripts/setup.sh
@@ -19,7 +19,7 @@ demo: setup
 
 # The suite a developer runs (under 15 minutes on 2 cores): unit tests and the core integration tests.
 test: setup lint
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not slurm"
 
 # The extended tier: memray attribution, every example script against plain mpirun, multi-host studies.
 test-slow: setup
@@ -33,6 +33,13 @@ lint: setup
 # tensorflow-cpu, Keras 3, no Horovod); pytest itself runs from .venv. Tests that need Horovod are left out.
 test-tf-latest: setup setup-tf-latest
 	MEMDIAG_TEST_PYTHON=$(CURDIR)/.venv-tf-latest/bin/python $(PY) -m pytest -q -m "tfdist and not horovod"
+
+# The Slurm tier (tests/slurm): memdiag under sbatch, srun, salloc + mpirun and horovodrun on a one-node
+# cluster that scripts/slurm_local.sh installs and starts first, and stops afterwards even when a test fails.
+test-slurm: setup
+	status=0; bash scripts/slurm_local.sh start && eval "$$(bash scripts/slurm_local.sh env)" && \
+		$(PY) -m pytest -q -m slurm tests/slurm || status=$$?; \
+	bash scripts/slurm_local.sh stop; exit $$status
 
 # Unit tests only (no mpirun).
 test-fast: setup
