@@ -365,6 +365,22 @@ def parse_records(lines: Iterable[bytes] | Iterable[str], rank: int) -> RankReco
     return result
 
 
+def bookkeeping_warnings(records: RankRecords) -> list[str]:
+    """What memdiag could not record on a rank (the job went on unchanged): one line per kind of
+    failure, with its count (from the end record; 1 or more where the rank did not end) and first error."""
+    counts = (records.end or {}).get("bookkeeping_failures") or {}
+    lines = []
+    for record in records.other:
+        if record.get("type") != "bookkeeping":
+            continue
+        what = record.get("what")
+        count = counts.get(what) if isinstance(counts, dict) else None
+        times = f"{count} time(s)" if isinstance(count, int) else "at least once"
+        lines.append(f"rank {records.rank}: memdiag could not {what} ({times}; first: {record.get('error')}); "
+                     "the job ran unchanged, and the figures leave that out")
+    return lines
+
+
 def read_rank_file(path: str, rank: int) -> RankRecords:
     with open(path, "rb") as f:
         return parse_records(f, rank)
@@ -391,6 +407,7 @@ def load_run(path: str) -> Run:
         run.ranks[rank] = records
         if records.bad_lines:
             run.warnings.append(f"rank {rank}: {records.bad_lines} unreadable line(s) in {os.path.basename(file)} skipped")
+        run.warnings.extend(bookkeeping_warnings(records))
         if records.collectives.unknown_calls:
             run.warnings.append(f"rank {rank}: {records.collectives.unknown_calls} collective call(s) in "
                                 f"{os.path.basename(file)} name a kind whose first record is unreadable; skipped")

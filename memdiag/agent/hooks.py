@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import hashlib
 import inspect
 import math
 import os
@@ -38,6 +37,8 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import tensorflow as tf
 
+from memdiag.agent import parameters
+from memdiag.agent.parameters import ParameterCapture
 from memdiag.densify import DensifyPolicy, distinct_rows
 from memdiag.policy import Decision
 
@@ -92,7 +93,8 @@ class CollectiveHooks:
         self.world_size = world_size
         self.policy = DensifyPolicy(mode, margin, world_size, on_decision, fault)
         self.check_reduction = check_reduction
-        self.variables: dict[str, Any] = {}  # trainable variables the gradient hooks saw, by name
+        # the trainable variables the gradient hooks saw, by name; read where they can be read
+        self.variables = ParameterCapture(self._failed)
         self._plain_allreduce: Callable | None = None
         self._local = threading.local()
         self._originals: list[tuple[Any, str, Any]] = []
@@ -100,6 +102,9 @@ class CollectiveHooks:
         self._initial_recorded = False
         self.on_init: Callable[[], None] | None = None  # called once, when the script calls hvd.init()
         self._ops: dict[int, str] = {}
+        # memdiag's own failures inside a hook, by what failed: counted and reported, never raised
+        self.failures: collections.Counter[str] = collections.Counter()
+        self._lock: Any = threading.Lock()
 
     # -- installation -------------------------------------------------------------------------
     def install(self) -> None:
@@ -149,10 +154,29 @@ class CollectiveHooks:
                     self._originals.append((module, attr, value))
                     setattr(module, attr, wrapped_of[id(value)][1])
 
-    def uninstall(self) -> None:
-        for module, attr, original in reversed(self._originals):
-            setattr(module, attr, original)
-        self._originals.clear()
+    # -- memdiag's own failures -------------------------------------------------------------------
+    def _failed(self, what: str, exc: BaseException) -> None:
+        """memdiag could not do ``what`` (label, record, read a variable): counted, and the first time
+        recorded with its error, so that the report names it. The job goes on as if unhooked."""
+        with self._lock:
+            self.failures[what] += 1
+            first = self.failures[what] == 1
+        if first:
+            with contextlib.suppress(Exception):
+                self.tracer.writer.add({"type": "bookkeeping", "step": self.tracer.step, "what": what,
+                                        "error": f"{type(exc).__name__}: {exc}"[:400]})
+
+    def _guard(self, what: str, action: Callable[[], Any]) -> Any:
+        """``action()``, or None where it fails (the failure counted)."""
+        try:
+            return action()
+        except Exception as exc:  # noqa: BLE001 - recording never raises into the user's code
+            self._failed(what, exc)
+            return None
+
+    def failure_counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.failures)
 
     def _wrap_init(self, original: Callable) -> Callable:
         def init(*args, **kwargs):
@@ -171,10 +195,13 @@ class CollectiveHooks:
             frontend = "keras" if "keras" in (original.__module__ or "") else "tensorflow"
 
             def constructor(*args, **kwargs):
-                arguments = _bind(signature, args, kwargs)
-                choices = {k: self._describe(k, v) for k, v in arguments.items()
-                           if k not in ("gradtape", "optimizer", "name", "device_dense", "device_sparse")}
-                self._record_choices({"api": f"{frontend}.{api}", **choices})
+                def record() -> None:
+                    arguments = _bind(signature, args, kwargs)
+                    choices = {k: self._describe(k, v) for k, v in arguments.items()
+                               if k not in ("gradtape", "optimizer", "name", "device_dense", "device_sparse")}
+                    self._record_choices({"api": f"{frontend}.{api}", **choices})
+
+                self._guard(f"record the choices of {api}", record)
                 return original(*args, **kwargs)
 
             return constructor
@@ -212,10 +239,14 @@ class CollectiveHooks:
         signature = _signature(original)
 
         def make(*args, **kwargs):
-            arguments = _bind(signature, args, kwargs)
-            script_densifies = bool(arguments.get("sparse_as_dense"))
-            # memdiag converts (as Horovod would have) so that it can label, and decide, per tensor.
-            inner = original(*_rebind(signature, arguments, sparse_as_dense=False))
+            try:
+                arguments = _bind(signature, args, kwargs)
+                script_densifies = bool(arguments.get("sparse_as_dense"))
+                # memdiag converts (as Horovod would have) so that it can label, and decide, per tensor.
+                inner = original(*_rebind(signature, arguments, sparse_as_dense=False))
+            except Exception as exc:  # noqa: BLE001 - Horovod's own call decides what the script gets
+                self._failed("hook the gradient reduction", exc)
+                return original(*args, **kwargs)
             op, compression = arguments.get("op"), arguments.get("compression")
             process_set, groups = arguments.get("process_set"), arguments.get("groups")
             self._record_choices({"api": "gradient reduction", "sparse_as_dense": script_densifies,
@@ -227,6 +258,27 @@ class CollectiveHooks:
             set_size = _set_size(process_set)
 
             def allreduce_grads(grads, vars=None, use_generic_names=False):
+                try:
+                    prepared = prepare(grads, vars)
+                except Exception as exc:  # noqa: BLE001 - the reduction Horovod itself would have made
+                    self._failed("label the gradients", exc)
+                    return original(*args, **kwargs)(grads, vars, use_generic_names)
+                grads, origins, at_run_time = prepared
+                order = reduction_order(grads, vars, groups)
+                with self._queued([origins[i] for i in order]):
+                    reduced = inner(grads, vars, use_generic_names)
+                if not at_run_time:
+                    return reduced
+                reduced = list(reduced)
+                for i, (grad, var) in at_run_time.items():
+                    reduced[i] = self._reduce_at_run_time(origins[i], grad, var, script_densifies,
+                                                          {"op": op, "compression": compression,
+                                                           "process_set": process_set})
+                return reduced
+
+            def prepare(grads: Any, vars: Any) -> tuple[list[Any], dict[int, Origin], dict[int, tuple[Any, Any]]]:
+                """The gradients as memdiag hands them to Horovod, their labels, and those ``auto``
+                reduces at run time."""
                 grads = list(grads)
                 origins: dict[int, Origin] = {}
                 at_run_time: dict[int, tuple[tf.IndexedSlices, Any]] = {}
@@ -257,23 +309,9 @@ class CollectiveHooks:
                         origin = replace(origin, sparse=True, densified=decision.densify, merged=decision.merge)
                     origins[i] = origin
                 if not self._initial_recorded and self.variables:
-                    # Before the first update: equal between two runs only if the script seeds itself.
                     self._initial_recorded = True
-                    self.tracer.writer.add({"type": "params_initial", "step": self.tracer.step,
-                                            "digest": self.variables_digest(), "variables": len(self.variables)})
-                    if self.initial_parameters:
-                        self.save_variables(self.initial_parameters)
-                order = reduction_order(grads, vars, groups)
-                with self._queued([origins[i] for i in order]):
-                    reduced = inner(grads, vars, use_generic_names)
-                if not at_run_time:
-                    return reduced
-                reduced = list(reduced)
-                for i, (grad, var) in at_run_time.items():
-                    reduced[i] = self._reduce_at_run_time(origins[i], grad, var, script_densifies,
-                                                          {"op": op, "compression": compression,
-                                                           "process_set": process_set})
-                return reduced
+                    self._guard("read the initial parameters", self._record_initial)
+                return grads, origins, at_run_time
 
             return allreduce_grads
 
@@ -315,7 +353,7 @@ class CollectiveHooks:
         distinct = tf.shape(merged.indices, out_type=tf.int64)[0]
 
         def emit(t, u, t0, t1):
-            self._emit_distinct(name, int(t), int(u), float(t1) - float(t0))
+            self._guard("record distinct rows", lambda: self._emit_distinct(name, int(t), int(u), float(t1) - float(t0)))
             return []
 
         with tf.control_dependencies([end]):
@@ -329,7 +367,7 @@ class CollectiveHooks:
             return
 
         def emit(t, u):
-            self._emit_distinct(name, int(t), int(u), None)
+            self._guard("record distinct rows", lambda: self._emit_distinct(name, int(t), int(u), None))
             return []
 
         tf.py_function(emit, [tf.shape(grad.indices, out_type=tf.int64)[0], distinct_rows(grad.indices)],
@@ -343,18 +381,24 @@ class CollectiveHooks:
         signature = _signature(original)
 
         def allreduce(tensor, *args, **kwargs):
-            arguments = _bind(signature, (tensor, *args), kwargs)
-            origin = self._take_origin(arguments.get("name"), tensor, arguments)
-            if isinstance(tensor, tf.IndexedSlices) and not origin.gradient:
-                # A script's own hvd.allreduce of an IndexedSlices: the policy applies as well.
-                decision = self.policy.decide(origin.name, tensor, None, False, arguments.get("process_set"))
-                if decision.densify:
-                    tensor = self.policy.densify(tensor)
-                elif decision.merge:
-                    tensor = self._merge(origin.name, tensor)
-                origin = replace(origin, densified=decision.densify, merged=decision.merge)
-            sparse = isinstance(tensor, tf.IndexedSlices)
-            with self._current([] if sparse else [origin], [origin] if sparse else []):
+            given = tensor
+            try:
+                arguments = _bind(signature, (tensor, *args), kwargs)
+                origin = self._take_origin(arguments.get("name"), tensor, arguments)
+                if isinstance(tensor, tf.IndexedSlices) and not origin.gradient and _reducible(arguments):
+                    # A script's own hvd.allreduce of an IndexedSlices: the policy applies as well.
+                    decision = self.policy.decide(origin.name, tensor, None, False, arguments.get("process_set"))
+                    if decision.densify:
+                        tensor = self.policy.densify(tensor)
+                    elif decision.merge:
+                        tensor = self._merge(origin.name, tensor)
+                    origin = replace(origin, densified=decision.densify, merged=decision.merge)
+                sparse = isinstance(tensor, tf.IndexedSlices)
+                context = self._current([] if sparse else [origin], [origin] if sparse else [])
+            except Exception as exc:  # noqa: BLE001 - Horovod's own call, as if unhooked
+                self._failed("label an allreduce", exc)
+                return original(given, *args, **kwargs)
+            with context:
                 return original(tensor, *args, **kwargs)
 
         return allreduce
@@ -363,20 +407,26 @@ class CollectiveHooks:
         signature = _signature(original)
 
         def grouped_allreduce(tensors, *args, **kwargs):
-            arguments = _bind(signature, (tensors, *args), kwargs)
-            tensors = list(tensors)
-            dense, sparse = [], []
-            for i, tensor in enumerate(tensors):
-                origin = self._take_origin(None, tensor, arguments)
-                if isinstance(tensor, tf.IndexedSlices) and not origin.gradient:
-                    decision = self.policy.decide(origin.name, tensor, None, False, arguments.get("process_set"))
-                    if decision.densify:
-                        tensors[i] = self.policy.densify(tensor)
-                    elif decision.merge:
-                        tensors[i] = self._merge(origin.name, tensor)
-                    origin = replace(origin, densified=decision.densify, merged=decision.merge)
-                (sparse if isinstance(tensors[i], tf.IndexedSlices) else dense).append(origin)
-            with self._current(dense, sparse):
+            given = tensors
+            try:
+                arguments = _bind(signature, (tensors, *args), kwargs)
+                tensors = list(tensors)
+                dense, sparse = [], []
+                for i, tensor in enumerate(tensors):
+                    origin = self._take_origin(None, tensor, arguments)
+                    if isinstance(tensor, tf.IndexedSlices) and not origin.gradient and _reducible(arguments):
+                        decision = self.policy.decide(origin.name, tensor, None, False, arguments.get("process_set"))
+                        if decision.densify:
+                            tensors[i] = self.policy.densify(tensor)
+                        elif decision.merge:
+                            tensors[i] = self._merge(origin.name, tensor)
+                        origin = replace(origin, densified=decision.densify, merged=decision.merge)
+                    (sparse if isinstance(tensors[i], tf.IndexedSlices) else dense).append(origin)
+                context = self._current(dense, sparse)
+            except Exception as exc:  # noqa: BLE001 - Horovod's own call, as if unhooked
+                self._failed("label a grouped allreduce", exc)
+                return original(given, *args, **kwargs)
+            with context:
                 return original(tensors, *args, **kwargs)
 
         return grouped_allreduce
@@ -384,8 +434,20 @@ class CollectiveHooks:
     def _capture(self, name: str, var: Any) -> None:
         """Keep the trainable variables the job reduces gradients for: their final values are the
         job's result (compared between modes), their first values tell whether the script seeds."""
-        if var is not None and name not in self.variables:
-            self.variables[name] = var
+        self.variables.add(name, var)
+
+    def _record_initial(self) -> None:
+        """Before the first update: equal between two runs only if the script seeds itself."""
+        def record(values: dict[str, np.ndarray]) -> None:
+            def write() -> None:
+                self.tracer.writer.add({"type": "params_initial", "step": self.tracer.step,
+                                        "digest": parameters.digest(values), "variables": len(values)})
+                if self.initial_parameters and values:
+                    parameters.save(self.initial_parameters, values)
+
+            self._guard("save the initial parameters", write)
+
+        self.variables.initial(record)
 
     def decide_lookups(self, tables: list[tuple[Any, Any]]) -> None:
         """Decide, before the step is traced, for embedding tables whose gradient rows are known
@@ -393,22 +455,25 @@ class CollectiveHooks:
         for var, ids in tables:
             self.policy.decide_lookup(_var_name(var), var, ids)
 
-    def save_variables(self, path: str) -> None:
-        """The captured variables' current values to ``path`` (read eagerly)."""
-        from memdiag.workloads.loop import save_parameters
+    def record_final(self, path: str | None) -> None:
+        """A ``params_final`` record of the captured variables' last values, and (``path``) the values
+        saved there; what cannot be read is left out and counted, never raised."""
+        def write() -> None:
+            if not self.variables:
+                return
+            values = self.variables.final()
+            self.tracer.writer.write_now({"type": "params_final", "digest": parameters.digest(values),
+                                          "variables": len(values), "captured": len(self.variables)})
+            if path is not None and values:
+                parameters.save(path, values)
 
-        with tf.init_scope():
-            save_parameters(path, [self.variables[name] for name in sorted(self.variables)])
+        self._guard("save the final parameters", write)
 
-    def variables_digest(self) -> str | None:
-        """Fingerprint of the captured variables' current values (read eagerly)."""
-        if not self.variables:
-            return None
-        digest = hashlib.blake2b(digest_size=16)
-        with tf.init_scope():
-            for name in sorted(self.variables):
-                digest.update(np.ascontiguousarray(self.variables[name].numpy()).tobytes())
-        return digest.hexdigest()
+    def uninstall(self) -> None:
+        for module, attr, original in reversed(self._originals):
+            setattr(module, attr, original)
+        self._originals.clear()
+        self.variables.uninstall()
 
     def _compare_reductions(self, name: str, grad: tf.IndexedSlices, op: Any, compression: Any,
                             process_set: Any) -> None:
@@ -499,15 +564,23 @@ class CollectiveHooks:
             signature = _signature(original)
 
             def collective(tensor, *args, **kwargs):
-                arguments = _bind(signature, (tensor, *args), kwargs)
-                origin = self._op_origin(op, tensor, arguments)
-                # What a rank is inside when it is killed or hangs: marked before the op starts.
-                with tf.control_dependencies(self._begin(op, [(origin, tensor)])):
+                try:
+                    arguments = _bind(signature, (tensor, *args), kwargs)
+                    origin = self._op_origin(op, tensor, arguments)
+                    # What a rank is inside when it is killed or hangs: marked before the op starts.
+                    marks = self._begin(op, [(origin, tensor)])
+                except Exception as exc:  # noqa: BLE001 - Horovod's own call, as if unhooked
+                    self._failed(f"label an {op}", exc)
+                    return original(tensor, *args, **kwargs)
+                with tf.control_dependencies(marks), self._abandoned_if_raising(op, [origin]):
                     output = original(tensor, *args, **kwargs)
                 # alltoall with splits returns (output, received_splits): the bytes are the output's.
-                received = output[0] if isinstance(output, (tuple, list)) else output
-                self._record(op, origin, tensor, received, grouped=False)
-                return output
+                pair = isinstance(output, (tuple, list))
+                received = output[0] if pair else output
+                recorded = self._guard(f"record an {op}", lambda: self._record(op, origin, tensor, received, grouped=False))
+                if recorded is None or recorded is received:
+                    return output
+                return type(output)([recorded, *output[1:]]) if pair else recorded
 
             return collective
 
@@ -518,14 +591,26 @@ class CollectiveHooks:
             signature = _signature(original)
 
             def grouped(tensors, *args, **kwargs):
-                arguments = _bind(signature, (tensors, *args), kwargs)
-                tensors = list(tensors)
-                origins = self._grouped_origins(op, tensors, arguments)
-                with tf.control_dependencies(self._begin(op, list(zip(origins, tensors)))):
+                given = tensors
+                try:
+                    arguments = _bind(signature, (tensors, *args), kwargs)
+                    tensors = list(tensors)
+                    origins = self._grouped_origins(op, tensors, arguments)
+                    marks = self._begin(op, list(zip(origins, tensors)))
+                except Exception as exc:  # noqa: BLE001 - Horovod's own call, as if unhooked
+                    self._failed(f"label a grouped {op}", exc)
+                    return original(given, *args, **kwargs)
+                with tf.control_dependencies(marks), self._abandoned_if_raising(op, origins):
                     outputs = original(tensors, *args, **kwargs)
-                for origin, tensor, output in zip(origins, tensors, outputs):
-                    self._record(op, origin, tensor, output, grouped=True)
-                return outputs
+
+                def record() -> list[Any]:
+                    return [self._record(op, origin, tensor, output, grouped=True)
+                            for origin, tensor, output in zip(origins, tensors, outputs)]
+
+                recorded = self._guard(f"record a grouped {op}", record)
+                if recorded is None or all(r is o for r, o in zip(recorded, outputs)):
+                    return outputs
+                return type(outputs)(recorded) if isinstance(outputs, (list, tuple)) else recorded
 
             return grouped
 
@@ -533,13 +618,25 @@ class CollectiveHooks:
 
     def _wrap_inplace_broadcast(self, original: Callable) -> Callable:
         def broadcast_(variables, *args, **kwargs):
-            variables = list(variables)
-            origins = [Origin(_var_name(var)) for var in variables]
-            with tf.control_dependencies(self._begin("broadcast", list(zip(origins, variables)))):
+            given = variables
+            try:
+                variables = list(variables)
+                origins = [Origin(_var_name(var)) for var in variables]
+                marks = self._begin("broadcast", list(zip(origins, variables)))
+            except Exception as exc:  # noqa: BLE001 - Horovod's own call, as if unhooked
+                self._failed("label a broadcast", exc)
+                return original(given, *args, **kwargs)
+            with tf.control_dependencies(marks), self._abandoned_if_raising("broadcast", origins):
                 outputs = original(variables, *args, **kwargs)
-            for origin, var, output in zip(origins, variables, outputs):
-                self._record("broadcast", origin, var, output, grouped=True)
-            return outputs
+
+            def record() -> list[Any]:
+                return [self._record("broadcast", origin, var, output, grouped=True)
+                        for origin, var, output in zip(origins, variables, outputs)]
+
+            recorded = self._guard("record a broadcast", record)
+            if recorded is None or all(r is o for r, o in zip(recorded, outputs)):
+                return outputs
+            return type(outputs)(recorded) if isinstance(outputs, (list, tuple)) else recorded
 
         return broadcast_
 
@@ -587,11 +684,14 @@ class CollectiveHooks:
         world_size = self.world_size()
 
         def begin(*shapes) -> list:
-            for meta, shape_in in zip(metas, shapes):
-                shape = [int(d) for d in (shape_in.numpy() if hasattr(shape_in, "numpy") else shape_in)]
-                ranks = meta["process_set_size"] or world_size
-                expected = math.prod(shape) * meta["itemsize"] * (ranks if op == "allgather" else 1)
-                self.tracer.begin_collective(meta, expected)
+            try:
+                for meta, shape_in in zip(metas, shapes):
+                    shape = [int(d) for d in (shape_in.numpy() if hasattr(shape_in, "numpy") else shape_in)]
+                    ranks = meta["process_set_size"] or world_size
+                    expected = math.prod(shape) * meta["itemsize"] * (ranks if op == "allgather" else 1)
+                    self.tracer.begin_collective(meta, expected)
+            except Exception as exc:  # noqa: BLE001 - runs inside the job's step: never raises into it
+                self._failed(f"mark an {op}'s start", exc)
             return []
 
         if tf.executing_eagerly():
@@ -617,22 +717,39 @@ class CollectiveHooks:
             "process_set_size": origin.process_set_size,
         }
 
-    def _record(self, op: str, origin: Origin, tensor: Any, output: Any, grouped: bool) -> None:
+    def _record(self, op: str, origin: Origin, tensor: Any, output: Any, grouped: bool) -> Any:
+        """Record the collective (at run time in a graph); the output to hand on: ``output`` itself, or
+        in a TF1 graph, where only what is fetched runs, an identity of it that waits for the record."""
         meta = self._meta(op, origin, tensor, grouped)
         if tf.executing_eagerly():
             self.tracer.collective(meta, _static_shape(tensor), _static_shape(output))
-            return
+            return output
         record = self.tracer.collective
 
         def emit(shape_in, shape_out):
-            record(meta, shape_in.numpy().tolist(), shape_out.numpy().tolist())
+            try:
+                record(meta, shape_in.numpy().tolist(), shape_out.numpy().tolist())
+            except Exception as exc:  # noqa: BLE001 - runs inside the job's step: never raises into it
+                self._failed(f"record an {op}", exc)
             return []
 
         # A static shape is a constant that would let the record run before the collective:
         # the control dependency makes it wait for the output, so `t` is the completion time.
         with tf.control_dependencies([output]):
             shapes = [tf.shape(tensor, out_type=tf.int64), tf.shape(output, out_type=tf.int64)]
-            tf.py_function(emit, shapes, Tout=[], name="memdiag_record")
+            marked = tf.py_function(emit, shapes, Tout=[], name="memdiag_record")
+        return _after(output, marked)
+
+    @contextlib.contextmanager
+    def _abandoned_if_raising(self, op: str, origins: list[Origin]) -> Iterator[None]:
+        """Where Horovod raises (bad arguments), the collectives marked as started never run: unmark
+        them, and let Horovod's error reach the script unchanged."""
+        try:
+            yield
+        except BaseException:
+            names = [origin.name for origin in origins]
+            self._guard(f"unmark an {op}", lambda: [self.tracer.abandon_collective(op, name) for name in names])
+            raise
 
     # -- context ------------------------------------------------------------------------------------
     def _context(self) -> tuple[list[Origin], list[Origin]]:
@@ -683,6 +800,30 @@ def reduction_order(grads: list[Any], variables: list[Any] | None, groups: Any) 
             if index is not None:
                 order.append(index)
     return order + list(by_name.values())
+
+
+def _after(output: Any, op: Any) -> Any:
+    """``output``, made to wait for ``op``, so that the record runs whenever the collective's output is
+    used: a ``tf.function`` runs every stateful op it holds, but a TF1 graph (and a ``tf.cond`` branch
+    built in one) runs only what a session fetches and what that depends on. The identity forwards the
+    output's buffer; it allocates nothing."""
+    if not isinstance(output, tf.Tensor):
+        return output
+    with tf.control_dependencies([op]):
+        return tf.identity(output)
+
+
+def _reducible(arguments: dict[str, Any]) -> bool:
+    """Whether Horovod reduces an IndexedSlices with these arguments at all (Sum or Average; no
+    pre/postscale): otherwise it raises, and memdiag leaves the call to it unchanged."""
+    import horovod.tensorflow as hvd
+
+    op = arguments.get("op")
+    average = arguments.get("average")
+    if op is None:
+        op = hvd.Average if average in (None, True) else hvd.Sum
+    return int(op) in (int(hvd.Sum), int(hvd.Average)) and \
+        arguments.get("prescale_factor", 1.0) == 1.0 and arguments.get("postscale_factor", 1.0) == 1.0
 
 
 def _import_keras_frontend() -> None:

@@ -48,7 +48,7 @@ from memdiag.densify import UNKNOWN_ROWS, row_shape, sparse_shape
 from memdiag.formula import SparseGradientShape, padding_bytes
 from memdiag.policy import Decision, decide
 from memdiag.units import format_bytes
-from memdiag.workloads.loop import save_parameters, variable_name
+from memdiag.workloads.loop import variable_name
 
 ENGINE = "tf-distribute"
 # The policy's reasons, said of MWMS (which has no sparse_as_dense: it always gathers an IndexedSlices).
@@ -408,22 +408,13 @@ class StrategyHooks(CollectiveHooks):
 
         return [int(r) for r in MPI.COMM_WORLD.allgather(int(rows))]
 
-    def save_variables(self, path: str) -> None:
-        """The captured variables' current values, under the names the hooks gave them (under Keras 3,
-        their Keras paths: TensorFlow's own names repeat)."""
-        names = sorted(self.variables)
-        with tf.init_scope():
-            save_parameters(path, [self.variables[name] for name in names], names)
-
     def _parameters_before_first_update(self) -> None:
+        # Saved under the names the hooks gave them (under Keras 3, their Keras paths: TensorFlow's own
+        # names repeat).
         if self._initial_recorded or not self.variables:
             return
-        # Before the first update: equal between two runs only if the script seeds itself.
         self._initial_recorded = True
-        self.tracer.writer.add({"type": "params_initial", "step": self.tracer.step,
-                                "digest": self.variables_digest(), "variables": len(self.variables)})
-        if self.initial_parameters:
-            self.save_variables(self.initial_parameters)
+        self._guard("read the initial parameters", self._record_initial)
 
     def _label(self, value: Any, kind: str) -> StrategyOrigin:
         with self._lock:

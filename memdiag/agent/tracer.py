@@ -241,6 +241,12 @@ class Tracer:
             self._pending[key] = {"op": meta["op"], "name": meta["name"], "part": meta.get("part"),
                                   "bytes_out": expected_bytes_out, "since": time.time()}
 
+    def abandon_collective(self, op: str, name: str) -> None:
+        """Collectives marked as started that never ran (Horovod refused their arguments)."""
+        with self._lock:
+            for key in [k for k in self._pending if k[:2] == (op, name)]:
+                del self._pending[key]
+
     def report_long_wait(self, after_s: float = 2.0) -> None:
         """Record, once each, collectives not completed after ``after_s`` (a hang in the making)."""
         with self._lock:

@@ -1,0 +1,190 @@
+"""The parameters a user's script trains, read where they can be read: what `compare` checks between modes.
+
+The gradient hooks see every variable whose gradient the script reduces. Their values are read at two
+moments, the first reduction (before the first update: ``params_initial``) and the end of the script
+(``params_final``), and never in a way that can fail the job:
+
+- an eager variable is read eagerly (``tf.init_scope``);
+- a variable of a ``tf.compat.v1`` graph has no eager value: it is read through the session that runs
+  its graph, with the session's own ``run`` of the variable itself (no op is added, so a finalized
+  graph is fine), after the first ``Session.run`` that leaves it initialized (initial values) and when the
+  session closes (final values). Only then are the session's methods wrapped, and only while such
+  variables exist;
+- a variable that cannot be read at all (its graph went out of scope, its session never initialized it)
+  is left out, and counted.
+
+Variables are held by weak reference where TensorFlow allows it, so that holding them never keeps a
+script's discarded graph alive.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """A variable's value read earlier, in the form :func:`memdiag.workloads.loop.save_parameters` takes."""
+
+    value: np.ndarray
+
+    def numpy(self) -> np.ndarray:
+        return self.value
+
+
+class ParameterCapture:
+    """Variables by name (the first one seen of each name), and where their values come from."""
+
+    def __init__(self, on_failure: Callable[[str, BaseException], None]) -> None:
+        self._refs: dict[str, Callable[[], Any]] = {}
+        self._from_session: dict[str, np.ndarray] = {}  # graph variables: last values read through a session
+        self._on_failure = on_failure
+        self._on_initial: Callable[[dict[str, np.ndarray]], None] | None = None
+        self._lock = threading.Lock()
+        self._session_hooks: list[tuple[Any, str, Any]] = []
+
+    def __len__(self) -> int:
+        return len(self._refs)
+
+    def __bool__(self) -> bool:
+        return bool(self._refs)
+
+    def names(self) -> list[str]:
+        return sorted(self._refs)
+
+    def add(self, name: str, var: Any) -> None:
+        if var is None or name in self._refs:
+            return
+        try:
+            ref: Callable[[], Any] = weakref.ref(var)
+        except TypeError:
+            ref = _strong(var)
+        self._refs[name] = ref
+        if _in_graph(var):
+            self._hook_sessions()
+
+    # -- reading ----------------------------------------------------------------------------------
+    def read_eager(self) -> dict[str, np.ndarray]:
+        """Every variable that has an eager value, read now."""
+        import tensorflow as tf
+
+        values: dict[str, np.ndarray] = {}
+        with tf.init_scope():
+            for name in sorted(self._refs):
+                var = self._refs[name]()
+                if var is None or _in_graph(var):
+                    continue
+                try:
+                    values[name] = np.array(var.numpy())
+                except Exception as exc:  # noqa: BLE001 - a variable of a graph gone out of scope
+                    self._on_failure("read a parameter", exc)
+        return values
+
+    def initial(self, record: Callable[[dict[str, np.ndarray]], None]) -> None:
+        """``record(values)`` once, with the values before the first update: now for eager variables,
+        after the first session run that initializes them for a graph's."""
+        values = self.read_eager()
+        if values or not self._graph_variables():
+            record(values)
+            return
+        self._on_initial = record
+
+    def final(self) -> dict[str, np.ndarray]:
+        """The last values: eager variables read now, graph variables as their session left them."""
+        values = dict(self._from_session)
+        values.update(self.read_eager())
+        return dict(sorted(values.items()))
+
+    # -- graph mode: through the session -------------------------------------------------------------
+    def _graph_variables(self) -> dict[str, Any]:
+        live = {name: ref() for name, ref in self._refs.items()}
+        return {name: var for name, var in live.items() if var is not None and _in_graph(var)}
+
+    def _read_through(self, session: Any, run: Callable[..., Any]) -> dict[str, np.ndarray] | None:
+        ours = {name: var for name, var in self._graph_variables().items() if var.graph is session.graph}
+        if not ours:
+            return None
+        try:
+            arrays = run(session, list(ours.values()))
+        except Exception:  # noqa: BLE001 - not initialized yet (or no longer readable): try later
+            return None
+        return {name: np.array(a) for name, a in zip(ours, arrays)}
+
+    def _hook_sessions(self) -> None:
+        if self._session_hooks:
+            return
+        from tensorflow.python.client import session as tf_session
+
+        cls = tf_session.BaseSession
+        original_run, original_close = cls.run, cls.close
+        capture = self
+
+        def run(session: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original_run(session, *args, **kwargs)
+            if capture._on_initial is not None:
+                with capture._lock:
+                    record, values = capture._on_initial, None
+                    if record is not None:
+                        values = capture._read_through(session, original_run)
+                        if values is not None:
+                            capture._on_initial = None
+                if record is not None and values is not None:
+                    record(values)
+            return result
+
+        def close(session: Any) -> None:
+            if not getattr(session, "_closed", True):
+                with capture._lock:
+                    values = capture._read_through(session, original_run)
+                    if values is not None:
+                        capture._from_session.update(values)
+            original_close(session)
+
+        wrappers: list[tuple[str, Any, Any]] = [("run", run, original_run), ("close", close, original_close)]
+        for attr, wrapper, original in wrappers:
+            wrapper.__wrapped__ = original
+            self._session_hooks.append((cls, attr, original))
+            setattr(cls, attr, wrapper)
+
+    def uninstall(self) -> None:
+        for cls, attr, original in reversed(self._session_hooks):
+            setattr(cls, attr, original)
+        self._session_hooks.clear()
+
+
+def digest(values: dict[str, np.ndarray]) -> str | None:
+    """Exact fingerprint of the values, in name order (None: no values)."""
+    if not values:
+        return None
+    h = hashlib.blake2b(digest_size=16)
+    for name in sorted(values):
+        h.update(np.ascontiguousarray(values[name]).tobytes())
+    return h.hexdigest()
+
+
+def save(path: str, values: dict[str, np.ndarray]) -> None:
+    """The values to ``path`` in the run directory's parameter format."""
+    from memdiag.workloads.loop import save_parameters
+
+    names = sorted(values)
+    save_parameters(path, [_Snapshot(values[name]) for name in names], names)
+
+
+def _strong(var: Any) -> Callable[[], Any]:
+    return lambda: var
+
+
+def _in_graph(var: Any) -> bool:
+    """Whether ``var`` belongs to a ``tf.compat.v1`` graph (no eager value), not to eager execution
+    or a ``tf.function``."""
+    try:
+        graph = var.graph
+    except Exception:  # noqa: BLE001 - an eager variable's handle has no graph (each kind says so its own way)
+        return False
+    return graph is not None and not getattr(graph, "building_function", False)
