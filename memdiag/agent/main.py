@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     sampler.on_tick = writer.flush
     tracer: Tracer | None = None
     _end_on_termination(writer, lambda: tracer, lambda: delivery)
+    hooks: Any = None
     try:
         delivery = _delivery.start(config, rank, spool)
         if tf_config is not None and tf_config.get("error"):
@@ -107,11 +108,13 @@ def main(argv: list[str] | None = None) -> int:
                 hooks.on_init = started
             if config.is_script:
                 _run_script(config)
+                # The script succeeded: what memdiag does now is its own bookkeeping, whose failure is
+                # a warning in the report, never the script's failure (nor its exit status).
+                hooks._guard("end the last step", tracer.finish)
+                hooks.record_final(os.path.join(spool, rundir.PARAMETERS) if rank == 0 else None)
             else:
                 _run_builtin(config, tracer, spool, hooks, hvd.rank(), hvd.size())
-            tracer.finish()
-            if config.is_script:
-                _save_script_parameters(hooks, writer, hvd.rank(), spool)
+                tracer.finish()
     except SystemExit as exc:  # a user's script calling sys.exit()
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if code:
@@ -130,7 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         tracker.__exit__(None, None, None)
     sampler.stop()
     run_peak = tracer.hwm.run_peak() if tracer is not None else read_hwm()
-    writer.write_now({"type": "end", "status": status, "error": error, "hwm_bytes": run_peak})
+    end: dict[str, Any] = {"type": "end", "status": status, "error": error, "hwm_bytes": run_peak}
+    if hooks is not None and hooks.failures:
+        end["bookkeeping_failures"] = hooks.failure_counts()
+    writer.write_now(end)
     writer.close()
     _deliver(delivery, status)
     if strategy and exit_code:
@@ -329,9 +335,11 @@ def _run_with_strategy(config: AgentConfig, tracer: Tracer, writer: RecordWriter
             _run_builtin(config, tracer, spool, hooks, rank, _world_size_from_env(), agree_max=_mpi_max)
     finally:
         hooks.uninstall()
-    tracer.finish()
     if config.is_script:
-        _save_script_parameters(hooks, writer, rank, spool)
+        hooks._guard("end the last step", tracer.finish)
+        hooks.record_final(os.path.join(spool, rundir.PARAMETERS) if rank == 0 else None)
+    else:
+        tracer.finish()
 
 
 def _mpi_max(value: int) -> int:
@@ -467,17 +475,6 @@ def _limit_threads(config: AgentConfig) -> None:
     tf.config.threading.set_inter_op_parallelism_threads(1)
 
 
-def _save_script_parameters(hooks: Any, writer: RecordWriter, rank: int, spool: str) -> None:
-    """The trainable variables a script reduced gradients for, as built-in workloads save theirs:
-    what `compare` checks between modes."""
-    if not hooks.variables:
-        return
-    writer.write_now({"type": "params_final", "digest": hooks.variables_digest(),
-                      "variables": len(hooks.variables)})
-    if rank == 0:
-        hooks.save_variables(os.path.join(spool, rundir.PARAMETERS))
-
-
 def _mpi_version() -> str | None:
     try:
         from mpi4py import MPI
@@ -510,10 +507,16 @@ def _start_record(config: AgentConfig, hvd: Any) -> dict[str, Any]:
 
 
 def _run_script(config: AgentConfig) -> None:
+    """The user's script as ``python SCRIPT ARGS`` would run it; ``sys.exit(0)`` is a success like
+    reaching the end (any other exit status is raised on as the script's failure)."""
     assert config.script is not None
     sys.argv = [config.script, *config.script_args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(config.script)))
-    runpy.run_path(config.script, run_name="__main__")
+    try:
+        runpy.run_path(config.script, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            raise
 
 
 def _run_builtin(config: AgentConfig, tracer: Tracer, spool: str, hooks: Any, rank: int, size: int,

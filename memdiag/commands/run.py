@@ -52,8 +52,15 @@ class RunCommand:
         Console().print(f"run directory: {out}")
         if run.manifest.get("status") != "ok":
             _print_log_tail(out, console)
-            return 1
+            return script_exit_status(run.manifest)
         return 0
+
+
+def script_exit_status(manifest: dict) -> int:
+    """A failed run's exit status: the launcher's (for a script, the status its failing rank exited
+    with, as under plain mpirun), else 1 (a timeout, a signal, memdiag's own failure)."""
+    code = manifest.get("returncode")
+    return code if isinstance(code, int) and 0 < code < 128 and not manifest.get("timed_out") else 1
 
 
 def _print_log_tail(out: str, console: Console, lines: int = 15) -> None:
