@@ -19,7 +19,7 @@ pytestmark = pytest.mark.mpi
 
 # Each an ordinary Horovod script (examples/README.md), with the arguments of a short run. The core
 # tier runs the scripts whose paths memdiag once changed or missed; the rest run in the slow tier.
-CORE = ("user_sparse_as_dense.py", "user_adasum.py", "user_groups.py", "user_process_set.py")
+CORE = ("user_sparse_as_dense.py", "user_adasum.py", "user_groups.py", "user_process_set.py", "user_tf1_graph.py")
 SCRIPTS = {
     "user_tape_eager.py": ["--steps", "3", "--tokens", "256"],
     "user_tape_function.py": ["--steps", "3"],
@@ -34,6 +34,7 @@ SCRIPTS = {
     "user_sync_batchnorm.py": ["--steps", "3"],
     "user_backward_passes.py": ["--steps", "4"],
     "user_repetitive_lookups.py": ["--steps", "3", "--vocab", "200000", "--tokens", "16384"],
+    "user_tf1_graph.py": ["--steps", "3"],
 }
 OUTPUT_LINE = re.compile(r"^(step \d+ loss \S+|final \S+)$", re.M)
 
