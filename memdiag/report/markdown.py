@@ -59,6 +59,8 @@ def compare_markdown(result: dict[str, Any]) -> str:
                         f"{check['max_abs_diff']:.3g} as run, beyond the tolerance; again with MPI's allreduce in "
                         f"rank order (`{again['run']}`): {again['max_abs_diff']:.3g}, "
                         + ("within it" if again["passed"] else "beyond it too"))
+    for note in c.get("notes", []):  # each backed by the comparison's own measurements (analyze.compare)
+        verdict += f"\n\n- {note}"
     return f"## compare sparse-vs-dense: {result['workload']}\n\n{rows}\n\n{growth}\n\n{verdict}\n"
 
 

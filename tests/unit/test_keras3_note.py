@@ -97,3 +97,13 @@ def test_the_comparison_hands_its_reduction_check_to_the_parameter_check(tmp_pat
     explained = correctness(dirs, summaries, _verification(0.26))
     assert explained["passed"] is False and len(explained["notes"]) == 1
     assert correctness(dirs, summaries, _verification(3.0))["notes"] == []
+
+
+def test_the_markdown_report_carries_the_note_with_its_evidence(tmp_path):
+    from memdiag.report.markdown import compare_markdown
+
+    check = _check(tmp_path, verification=_verification(0.26))
+    result = {"workload": "w", "rows": [], "growth_bytes_per_rank": {},
+              "correctness": {"passed": False, "max_abs_diff": check["max_abs_diff"],
+                              "max_rel_diff": check["max_rel_diff"], "checks": [check], "notes": [check["note"]]}}
+    assert f"- {check['note']}" in compare_markdown(result)
