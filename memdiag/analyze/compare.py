@@ -637,10 +637,13 @@ def predicted_gathered(summary: Mapping[str, Any], world_size: int) -> int | Non
     """Bytes per rank and step the formula gives for the tensors the run gathered: the rows gathered x
     (row_bytes + index_bytes), each rank's own rows summed (exact for Horovod's allgatherv whatever the
     ranks' rows, and for MWMS's padded gathers); merged, the bound N x U_max. None when no record has
-    shapes."""
+    shapes, or a gathered tensor's are unknown (a sum without it would pass for the whole)."""
     if world_size == 1:
         return 0  # one rank runs no collective: neither engine reduces anything (nor records a policy)
-    if not any(_rows_gathered(p, world_size) is not None for p in summary.get("policy", [])):
+    policies = summary.get("policy", [])
+    if not any(_rows_gathered(p, world_size) is not None for p in policies):
+        return None
+    if len(_gathered_policies(summary)) < sum(p.get("decision") != "dense" for p in policies):
         return None
     total = 0
     for p in _gathered_policies(summary):

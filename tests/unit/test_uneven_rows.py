@@ -213,3 +213,11 @@ def test_a_summary_written_before_the_rows_fields_is_still_read(tmp_path):
     assert build_model([summary]).gathered_bytes("sparse", 4) == 4 * 2000 * 520
     assert compare.predicted_gathered(summary, 2) == 2 * 2000 * 520
     assert compare.most_terms(summary, 2) == 4000
+
+
+def test_the_formula_of_a_run_with_a_gathered_tensor_of_unknown_size_is_unknown_not_partial(tmp_path):
+    summary = compare.load_summary(str(uneven_run(tmp_path / "n2")))
+    other = {**policy_of(summary), "name": "model/side:0", "row_bytes": None}
+    assert compare.predicted_gathered(summary, 2) == 3_640_000
+    summary["policy"].append(other)
+    assert compare.predicted_gathered(summary, 2) is None
