@@ -255,3 +255,33 @@ def test_memray_and_fine_sampling_only_on_the_ranks_named(runs_root):
     assert manifest["memray_ranks"] == [1] and manifest["trace_ranks"] == [0]
     # rank 0 samples every 5 ms (a loaded host stretches that), rank 1 every 100 ms
     assert _median_gap(out / "rank-1.jsonl") >= 0.09 > _median_gap(out / "rank-0.jsonl")
+
+
+# -- --launcher srun reaches every run of a comparison, and the srun command ------------------------------
+
+def test_compare_launcher_srun_reaches_every_run():
+    from memdiag.cli import build_parser
+    from memdiag.launch.options import LaunchOptions
+    from memdiag.launch.studies import CompareRequest
+
+    args = build_parser().parse_args(["compare", "sparse-vs-dense", "transformer", "-n", "1,2", "--launcher", "srun"])
+    request = CompareRequest("transformer", [1, 2], ["sparse", "dense"], LaunchOptions.from_args(args, []))
+    assert request.run_request(2, "dense", "out").options.launcher == "srun"
+    assert request.check_request(2, "out").options.launcher == "srun"
+
+
+def test_the_srun_command_asks_for_pmix_and_overcommits_only_past_the_allocation(tmp_path, monkeypatch):
+    from memdiag.launch import mpirun
+
+    fake = tmp_path / "srun"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.delenv("SLURM_MPI_TYPE", raising=False)
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    inside = mpirun.command(mpirun.Launch(2, ["CONFIG"], launcher="srun"))
+    assert inside[:3] == [str(fake), "-n", "2"] and "--mpi=pmix" in inside and "--overcommit" not in inside
+    assert inside[-3:] == ["-m", "memdiag.agent", "CONFIG"] and "--kill-on-bad-exit=1" in inside
+    assert "--overcommit" in mpirun.command(mpirun.Launch(4, ["CONFIG"], launcher="srun"))
+    monkeypatch.setenv("SLURM_MPI_TYPE", "pmi2")  # the user's choice of MPI plugin is srun's to read
+    assert "--mpi=pmix" not in mpirun.command(mpirun.Launch(2, ["CONFIG"], launcher="srun"))
