@@ -275,10 +275,7 @@ class _Rank:
         """The agent as a child, signals passed on; its exit status (negative: the signal that ended it)."""
         child = subprocess.Popen([sys.executable, "-m", "memdiag.agent", self.config_text()],
                                  env=self.child_environment())
-        received: list[int] = []
-
         def forward(signum: int, frame: object) -> None:
-            received.append(signum)
             try:
                 child.send_signal(signum)
             except ProcessLookupError:
@@ -286,11 +283,7 @@ class _Rank:
 
         for sig in FORWARDED:
             signal.signal(sig, forward)
-        while True:
-            try:
-                return child.wait()
-            except InterruptedError:
-                continue
+        return child.wait()  # resumed after each forwarded signal (PEP 475)
 
     # -- after ----------------------------------------------------------------------------------------
     def finish(self, code: int) -> None:
