@@ -68,8 +68,9 @@ class SetupError(Exception):
 
 
 def namespaces_unavailable(tmp: Path = MASKED) -> str | None:
-    """Why this machine refuses a simulated host's namespaces (None when it allows them), probed alone:
-    what ``rsh_agent.sh`` does first, in one throw-away namespace (a host name, a tmpfs over ``tmp``).
+    """Why the host running the tests refuses a simulated host's namespaces (None when it allows them),
+    probed alone: what ``rsh_agent.sh`` does first, in one throw-away namespace (a host name, a tmpfs
+    over ``tmp``).
     Raises :class:`SetupError` when the probe fails for any other reason."""
     if not sys.platform.startswith("linux"):
         return "simulated hosts need Linux namespaces"
@@ -83,7 +84,8 @@ def namespaces_unavailable(tmp: Path = MASKED) -> str | None:
         return None
     output = " ".join((probe.stdout + probe.stderr).split())
     if any(words in output.lower() for words in REFUSED):
-        return f"this machine refuses a host's UTS and mount namespaces (needs root or CAP_SYS_ADMIN): {output}"
+        return (f"the host running the tests refuses a simulated host's UTS and mount namespaces (needs root or "
+                f"CAP_SYS_ADMIN): {output}")
     raise SetupError(f"{' '.join(cmd)} failed (exit status {probe.returncode}): {output}")
 
 

@@ -3,8 +3,8 @@ the run directory visible to the launching host only (``--spool local``).
 
 Real mpirun, real Horovod (and one run of TensorFlow's MultiWorkerMirroredStrategy, ``--engine
 tf-distribute``, whose ranks exchange their own addresses and ports). Skipped, with the reason, only where
-this machine refuses a host's namespaces (tests/hosts/simulated.py probes that alone); any other failure
-to set up the hosts fails the tests. Run them alone with
+the host running them refuses a simulated host's namespaces (tests/hosts/simulated.py probes that alone);
+any other failure to set up the hosts fails the tests. Run them alone with
 
     .venv/bin/python -m pytest tests/integration/test_multihost.py
 """

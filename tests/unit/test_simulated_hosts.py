@@ -1,5 +1,5 @@
-"""The multi-host tests' probe (tests/hosts/simulated.py): a skip only where this machine refuses a
-host's namespaces, a failure for anything else. Real ``unshare``, no MPI."""
+"""The multi-host tests' probe (tests/hosts/simulated.py): a skip only where the host running the tests
+refuses a simulated host's namespaces, a failure for anything else. Real ``unshare``, no MPI."""
 
 from __future__ import annotations
 
@@ -31,13 +31,14 @@ def test_a_process_without_cap_sys_admin_is_refused_the_namespaces_and_told_why(
     result = subprocess.run(probe, capture_output=True, text=True, timeout=60, cwd=ROOT, stdin=subprocess.DEVNULL)
     # THEN it returns the kernel's refusal as the reason to skip, and raises nothing
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.startswith("this machine refuses a host's UTS and mount namespaces"), result.stdout
+    assert result.stdout.startswith("the host running the tests refuses a simulated host's UTS and mount namespaces"), \
+        result.stdout
     assert "Operation not permitted" in result.stdout
 
 
 def test_a_probe_that_fails_for_another_reason_is_a_setup_error_not_a_skip(tmp_path):
     if namespaces_unavailable() is not None:
-        pytest.skip("this machine refuses the namespaces, so the probe never reaches the mount")
+        pytest.skip("the host running the tests refuses the namespaces, so the probe never reaches the mount")
     # WHEN the tmpfs is to be mounted where no directory exists
     with pytest.raises(SetupError) as raised:
         namespaces_unavailable(tmp_path / "absent")
