@@ -1,0 +1,74 @@
+"""Parameters are read where they can be read: eagerly, or through a TF1 graph's session; never raising."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from memdiag.agent.parameters import ParameterCapture, digest
+
+
+def capture() -> tuple[ParameterCapture, list[tuple[str, BaseException]]]:
+    failures: list[tuple[str, BaseException]] = []
+    return ParameterCapture(lambda what, exc: failures.append((what, exc))), failures
+
+
+def test_eager_variables_are_read_at_once_and_at_the_end():
+    params, failures = capture()
+    a = tf.Variable([1.0, 2.0], name="a")
+    params.add("a:0", a)
+    initial: list[dict] = []
+    params.initial(initial.append)
+    a.assign([5.0, 6.0])
+    assert [list(v) for v in initial[0].values()] == [[1.0, 2.0]]
+    np.testing.assert_array_equal(params.final()["a:0"], [5.0, 6.0])
+    assert not failures
+
+
+def test_a_graphs_variables_are_read_through_its_session_after_initialisation_and_at_close():
+    params, failures = capture()
+    initial: list[dict] = []
+    try:
+        with tf.Graph().as_default():
+            v = tf.compat.v1.get_variable("v", [3], initializer=tf.compat.v1.ones_initializer())
+            params.add("v:0", v)
+            params.initial(initial.append)
+            assert initial == []  # not initialized yet: nothing to read before a session runs
+            step = v.assign_add(tf.ones([3]))
+            with tf.compat.v1.Session() as session:
+                session.run(tf.compat.v1.global_variables_initializer())
+                session.run(step)
+                session.run(step)
+        # GIVEN the graph is gone, THEN its values are those its session left, and nothing raised
+        [first] = initial
+        np.testing.assert_array_equal(first["v:0"], [1.0, 1.0, 1.0])
+        np.testing.assert_array_equal(params.final()["v:0"], [3.0, 3.0, 3.0])
+        assert not failures
+    finally:
+        params.uninstall()
+    # the session's methods are TensorFlow's own again
+    from tensorflow.python.client import session as tf_session
+
+    assert not hasattr(tf_session.BaseSession.run, "__wrapped__")
+
+
+def test_a_variable_no_session_initialized_is_left_out_without_an_error():
+    params, failures = capture()
+    try:
+        with tf.Graph().as_default():
+            v = tf.compat.v1.get_variable("never", [2])
+            params.add("never:0", v)
+            with tf.compat.v1.Session():
+                pass
+        assert params.final() == {} and len(params) == 1
+        assert not failures
+    finally:
+        params.uninstall()
+
+
+def test_the_digest_is_exact_and_in_name_order():
+    one = {"b": np.array([1.0], np.float32), "a": np.array([2.0], np.float32)}
+    other = {"a": np.array([2.0], np.float32), "b": np.array([1.0], np.float32)}
+    assert digest(one) == digest(other)
+    assert digest({**one, "b": np.array([1.0000001], np.float32)}) != digest(one)
+    assert digest({}) is None
