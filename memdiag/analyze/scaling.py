@@ -70,8 +70,10 @@ def build_result(study: dict[str, Any], run_dirs: dict[int, str], projection: Pr
                             "items), because it does not divide evenly by every N")
     for row in rows:
         if row["status"] != "ok":
-            warnings.append(f"the run on {row['world_size']} rank(s) ended with status {row['status']}; "
-                            f"see {row['run_dir']}/mpirun.log")
+            # What `memdiag run` reports of the same run (analyze/failure.py): a kill names rank, step and limit.
+            why = f": {row['failure']['headline']}" if row["failure"] else ""
+            warnings.append(f"the run on {row['world_size']} rank(s) ended with status {row['status']}{why}; "
+                            f"see {row['run_dir']}/{rundir.MPIRUN_LOG}")
         if row["collective_time_s"] is None and row["world_size"] > 1:
             warnings.append(f"N={row['world_size']}: no Horovod timeline, so the time in collectives is unknown")
     result = {
@@ -109,6 +111,7 @@ def measured_row(summary: dict[str, Any], manifest: dict[str, Any], run_dir: str
     return {
         "world_size": n,
         "status": summary["status"],
+        "failure": summary.get("failure"),
         "items_per_rank": statistics.median(items) if items else None,
         "step_time_s": max(step_times) if step_times else None,
         "throughput": summary.get("throughput_items_per_s"),

@@ -369,7 +369,10 @@ def conclude(out: str, manifest: dict[str, Any], *, returncode: int | None, time
     run = load_run(out)
     world_size = int(manifest.get("world_size") or 0)
     versions = next((r.start.get("versions") for r in run.ranks.values() if r.start), None)
-    statuses = {rank: (records.end or {}).get("status", "died") for rank, records in run.ranks.items()}
+    from memdiag.analyze.summary import rank_status
+
+    # As summary.json says it: "killed" for a rank the memory limit ended, "died" for one that left no record why.
+    statuses = {rank: rank_status(records) for rank, records in run.ranks.items()}
     stopped = {rank: stopped_at(records) for rank, records in run.ranks.items()}
     ok = returncode == 0 and not timed_out and len(statuses) == world_size and all(s == "ok" for s in statuses.values())
     if exit_codes is not None:
