@@ -178,15 +178,23 @@ class EndRecord(_Record, total=False):
     status: str  # ok / error / environment
     error: str | None
     hwm_bytes: int
+    bookkeeping_failures: dict[str, int]  # what memdiag could not do -> how often (absent: nothing failed)
+
+
+class BookkeepingRecord(_Record, total=False):
+    step: int
+    what: str  # what memdiag could not do (label an allreduce, save the final parameters, ...)
+    error: str  # the first such failure's error
 
 
 # Every record type a rank writes; those with a class above have their fields declared there.
 RECORD_TYPES = ("start", "choices", "collective", "collective_calls", "policy", "params_initial", "params_final",
-                "mem", "step", "distinct_rows", "reduction_check", "waiting", "killed", "end")
+                "mem", "step", "distinct_rows", "reduction_check", "waiting", "killed", "bookkeeping", "end")
 RECORD_CLASSES: dict[str, type] = {
     "start": StartRecord, "step": StepRecord, "mem": MemRecord, "collective": CollectiveRecord,
     "collective_calls": CollectiveCallsRecord, "policy": PolicyRecord, "distinct_rows": DistinctRowsRecord,
-    "reduction_check": ReductionCheckRecord, "waiting": WaitingRecord, "killed": KilledRecord, "end": EndRecord,
+    "reduction_check": ReductionCheckRecord, "waiting": WaitingRecord, "killed": KilledRecord,
+    "bookkeeping": BookkeepingRecord, "end": EndRecord,
 }
 
 
