@@ -117,10 +117,18 @@ def _ancestors(limit: int = 4) -> list[list[str]]:
     return found
 
 
+def _horovodrun_mpirun(words: list[str]) -> bool:
+    """The mpirun command horovodrun's MPI launcher runs: horovodrun replaces itself with it
+    (``os.execve('/bin/sh', ['/bin/sh', '-c', MPIRUN_COMMAND])``, horovod/runner/mpi_run.py), so its
+    own name is gone from the ranks' ancestors; the mark it leaves is ``-x NCCL_SOCKET_IFNAME=NICS``."""
+    text = " ".join(words)
+    return "mpirun" in text and "-x NCCL_SOCKET_IFNAME=" in text
+
+
 def launcher_name(env: launcher_env.LauncherEnv, ancestors: list[list[str]]) -> str:
     """What the user typed to start the ranks, in a word: srun, mpirun, horovodrun, or the launcher's kind."""
     names = [os.path.basename(word) for words in ancestors for word in words[:3]]
-    if any(name == "horovodrun" for name in names):
+    if any(name == "horovodrun" for name in names) or any(_horovodrun_mpirun(words) for words in ancestors):
         return "horovodrun"
     if env.launcher == launcher_env.OPENMPI:
         return "mpirun"
