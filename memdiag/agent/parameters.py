@@ -13,8 +13,9 @@ moments, the first reduction (before the first update: ``params_initial``) and t
 - a variable that cannot be read at all (its graph went out of scope, its session never initialized it)
   is left out, and counted.
 
-Variables are held by weak reference where TensorFlow allows it, so that holding them never keeps a
-script's discarded graph alive.
+A graph's variables are held by weak reference, so that holding them never keeps a graph the script
+discarded alive; eager variables are held until the end, when they are read after the script's own
+references are gone.
 """
 
 from __future__ import annotations
@@ -61,13 +62,17 @@ class ParameterCapture:
     def add(self, name: str, var: Any) -> None:
         if var is None or name in self._refs:
             return
-        try:
-            ref: Callable[[], Any] = weakref.ref(var)
-        except TypeError:
-            ref = _strong(var)
-        self._refs[name] = ref
         if _in_graph(var):
+            # A graph's variable: its values come through its session, so holding it weakly is enough,
+            # and holding it strongly would keep a graph the script discarded alive.
+            try:
+                self._refs[name] = weakref.ref(var)
+            except TypeError:
+                self._refs[name] = _strong(var)
             self._hook_sessions()
+        else:
+            # An eager variable is read at the end, after the script's own references are gone.
+            self._refs[name] = _strong(var)
 
     # -- reading ----------------------------------------------------------------------------------
     def read_eager(self) -> dict[str, np.ndarray]:

@@ -91,8 +91,8 @@ def test_memdiags_own_failure_is_a_warning_and_not_the_scripts_failure(runs_root
 @pytest.mark.parametrize("code", [0, 3])
 def test_the_scripts_exit_status_is_the_runs(code, runs_root, tmp_path):
     script = tmp_path / "exits.py"
-    script.write_text("import sys\nimport horovod.tensorflow as hvd\nhvd.init()\n"
-                      "import tensorflow as tf\nprint(hvd.allreduce(tf.constant(1.0)).numpy(), flush=True)\nsys.exit(int(sys.argv[1]))\n")
+    script.write_text("import sys\nimport horovod.tensorflow as hvd\nimport tensorflow as tf\nhvd.init()\n"
+                      "print(hvd.allreduce(tf.constant(1.0)).numpy(), flush=True)\nsys.exit(int(sys.argv[1]))\n")
     out = runs_root / f"exits-{code}"
     result = memdiag("run", str(script), "-n", "2", "--out", str(out), "--", str(code))
     assert result.returncode == (0 if code == 0 else 3), result.stdout + result.stderr

@@ -25,6 +25,18 @@ def test_eager_variables_are_read_at_once_and_at_the_end():
     assert not failures
 
 
+def test_an_eager_variable_is_read_at_the_end_after_the_scripts_references_are_gone():
+    params, _ = capture()
+
+    def script() -> None:
+        table = tf.Variable([[1.0, 2.0]], name="table")
+        params.add("table:0", table)
+        table.assign([[3.0, 4.0]])
+
+    script()
+    np.testing.assert_array_equal(params.final()["table:0"], [[3.0, 4.0]])
+
+
 def test_a_graphs_variables_are_read_through_its_session_after_initialisation_and_at_close():
     params, failures = capture()
     initial: list[dict] = []
