@@ -181,6 +181,17 @@ class EndRecord(_Record, total=False):
     bookkeeping_failures: dict[str, int]  # what memdiag could not do -> how often (absent: nothing failed)
 
 
+class OwnWorkRecord(_Record, total=False):
+    what: str  # memdiag's own work: saving or digesting parameters, ...
+    step: int
+    within_step: bool  # cut out of the step it ran in (else between steps: in none)
+    t_start: float
+    t_end: float
+    rss_before_bytes: int
+    peak_rss_bytes: int
+    rss_after_bytes: int
+
+
 class BookkeepingRecord(_Record, total=False):
     step: int
     what: str  # what memdiag could not do (label an allreduce, save the final parameters, ...)
@@ -189,12 +200,13 @@ class BookkeepingRecord(_Record, total=False):
 
 # Every record type a rank writes; those with a class above have their fields declared there.
 RECORD_TYPES = ("start", "choices", "collective", "collective_calls", "policy", "params_initial", "params_final",
-                "mem", "step", "distinct_rows", "reduction_check", "waiting", "killed", "bookkeeping", "end")
+                "mem", "step", "distinct_rows", "reduction_check", "waiting", "killed", "own_work", "bookkeeping",
+                "end")
 RECORD_CLASSES: dict[str, type] = {
     "start": StartRecord, "step": StepRecord, "mem": MemRecord, "collective": CollectiveRecord,
     "collective_calls": CollectiveCallsRecord, "policy": PolicyRecord, "distinct_rows": DistinctRowsRecord,
     "reduction_check": ReductionCheckRecord, "waiting": WaitingRecord, "killed": KilledRecord,
-    "bookkeeping": BookkeepingRecord, "end": EndRecord,
+    "own_work": OwnWorkRecord, "bookkeeping": BookkeepingRecord, "end": EndRecord,
 }
 
 

@@ -447,7 +447,7 @@ class CollectiveHooks:
 
             self._guard("save the initial parameters", write)
 
-        self.variables.initial(record)
+        self.variables.initial(record, span=lambda: self.tracer.own_work("read and save the initial parameters"))
 
     def decide_lookups(self, tables: list[tuple[Any, Any]]) -> None:
         """Decide, before the step is traced, for embedding tables whose gradient rows are known
@@ -461,11 +461,12 @@ class CollectiveHooks:
         def write() -> None:
             if not self.variables:
                 return
-            values = self.variables.final()
-            self.tracer.writer.write_now({"type": "params_final", "digest": parameters.digest(values),
-                                          "variables": len(values), "captured": len(self.variables)})
-            if path is not None and values:
-                parameters.save(path, values)
+            with self.tracer.own_work("read and save the final parameters"):
+                values = self.variables.final()
+                self.tracer.writer.write_now({"type": "params_final", "digest": parameters.digest(values),
+                                              "variables": len(values), "captured": len(self.variables)})
+                if path is not None and values:
+                    parameters.save(path, values)
 
         self._guard("save the final parameters", write)
 

@@ -20,11 +20,12 @@ references are gone.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 import numpy as np
 
@@ -47,6 +48,7 @@ class ParameterCapture:
         self._from_session: dict[str, np.ndarray] = {}  # graph variables: last values read through a session
         self._on_failure = on_failure
         self._on_initial: Callable[[dict[str, np.ndarray]], None] | None = None
+        self._initial_span: Callable[[], ContextManager[Any]] = contextlib.nullcontext
         self._lock = threading.Lock()
         self._session_hooks: list[tuple[Any, str, Any]] = []
 
@@ -91,14 +93,18 @@ class ParameterCapture:
                     self._on_failure("read a parameter", exc)
         return values
 
-    def initial(self, record: Callable[[dict[str, np.ndarray]], None]) -> None:
+    def initial(self, record: Callable[[dict[str, np.ndarray]], None],
+                span: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> None:
         """``record(values)`` once, with the values before the first update: now for eager variables,
-        after the first session run that initializes them for a graph's."""
-        values = self.read_eager()
-        if values or not self._graph_variables():
-            record(values)
-            return
+        after the first session run that initializes them for a graph's. Reading and recording run
+        inside ``span()`` (the tracer's own-work span: in no step's figures)."""
+        with span():
+            values = self.read_eager()
+            if values or not self._graph_variables():
+                record(values)
+                return
         self._on_initial = record
+        self._initial_span = span
 
     def final(self) -> dict[str, np.ndarray]:
         """The last values: eager variables read now, graph variables as their session left them."""
@@ -133,14 +139,14 @@ class ParameterCapture:
         def run(session: Any, *args: Any, **kwargs: Any) -> Any:
             result = original_run(session, *args, **kwargs)
             if capture._on_initial is not None:
-                with capture._lock:
+                with capture._lock, capture._initial_span():
                     record, values = capture._on_initial, None
                     if record is not None:
                         values = capture._read_through(session, original_run)
                         if values is not None:
                             capture._on_initial = None
-                if record is not None and values is not None:
-                    record(values)
+                    if record is not None and values is not None:
+                        record(values)
             return result
 
         def close(session: Any) -> None:

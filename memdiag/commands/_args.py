@@ -98,7 +98,8 @@ def add_launch_options(parser: argparse.ArgumentParser, default_steps: int,
                                           "a script's own thread settings are kept otherwise")
     parser.add_argument("--max-warmup", type=non_negative_int("--max-warmup"), default=default_warmup,
                         metavar="K", help="built-in workloads: after --steps, up to K more steps while the per-step "
-                                          f"peak has not settled (within 1%%) on every rank (default {default_warmup})")
+                                          "peak has not settled (its last 3 steps within 1%%, no trend) on every "
+                                          f"rank (default {default_warmup})")
     parser.add_argument("--horovod-timeline", action="store_true",
                         help="record Horovod's own timeline (rank 0) into the run directory")
 

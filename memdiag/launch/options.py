@@ -36,7 +36,7 @@ class LaunchOptions:
     threads_per_rank: int | None = None  # set TF's thread pools (a script's own are kept otherwise)
     sample_interval_s: float = 0.005  # RSS sampling period of every rank
     # Built-in workloads: after --steps, up to this many more steps while any rank's per-step peak
-    # has not settled (two consecutive steps within 1%, memdiag.analyze.steady).
+    # has not settled (the last 3 steps within 1% with no trend over the run, memdiag.analyze.steady).
     max_warmup: int = 0
     launcher: str = DEFAULT_LAUNCHER  # one of LAUNCHERS
 

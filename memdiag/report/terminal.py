@@ -209,7 +209,8 @@ def memory_text(summary: dict[str, Any]) -> Text:
                     f"{top['steady_from_step']}; first step {format_bytes(top['first_step_peak_rss_bytes'])}. ")
     else:
         text.append(f"peak RSS {format_bytes(top['steady_peak_rss_bytes'])} (rank {top['rank']}) NOT steady: the "
-                    "per-step peak still rose by more than 1%; run more steps (--steps). ", style="yellow")
+                    "per-step peaks of its last steps rose, or swung, by more than 1%; run more steps (--steps). ",
+                    style="yellow")
     tails = [r for r in ranks if (r.get("tail_peak_rss_bytes") or 0) > r["steady_peak_rss_bytes"]]
     if tails:
         last = max(tails, key=lambda r: r["tail_peak_rss_bytes"])
