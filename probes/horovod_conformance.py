@@ -107,7 +107,8 @@ def main() -> int:
     os.makedirs(args.out)
     console = Console(width=160)
     table = Table(title=f"Horovod's tests on {args.np} ranks: plain mpirun vs memdiag run (as written)")
-    for column in ("file", "plain mpirun", "exit", "memdiag run", "exit", "differing", "wall ratio", "VmHWM ratio"):
+    table.add_column("file", no_wrap=True)
+    for column in ("plain mpirun", "exit", "memdiag run", "exit", "differing", "wall ratio", "VmHWM ratio"):
         table.add_column(column)
     differences: list[str] = []
     for name in [f.strip() for f in args.files.split(",") if f.strip()]:
