@@ -15,8 +15,8 @@ what is missing; the table alone can be re-read from existing directories that w
 
 Columns: "records" is the most bytes any rank received by allgather of gradients in one training step, summed
 from the rank files' collective records (read with memdiag.collect, not summary.json's figures); "formula"
-is the sum over gathered gradients of summary.json's ``formula_gathered_bytes``; "=" says whether the two
-are equal to the byte on every run of the workload (every N, sparse). "pred 8" / "meas 8" are predict's
+is the sum over gathered gradients of summary.json's ``formula_gathered_bytes``; "records=formula" says, per N
+of the workload's sparse runs, whether the two are equal to the byte ("=") or not ("NO"). "pred 8" / "meas 8" are predict's
 gathered bytes per rank at N = 8 and the records' at N = 8; the peaks are predict's peak per rank and the
 N = 8 run's steady peak of the largest rank, with the phase summary.json says set it.
 """
@@ -122,7 +122,8 @@ def predicted(cmp_dir: str) -> dict[str, Any]:
         return {"error": (done.stderr.strip().splitlines() or ["?"])[-1]}
     table = json.loads(done.stdout)
     row = next(r for r in table["rows"] if r["world_size"] == 8 and r["mode"] == "sparse")
-    return {**row, "tensor_rows": table.get("tensor_rows"), "not_predicted": table.get("not_predicted")}
+    return {**row, "tensor_rows": table.get("tensor_rows"), "not_predicted": table.get("not_predicted"),
+            "fitted_from": table.get("fitted_from_world_sizes")}
 
 
 def sparse_runs(cmp_dir: str) -> list[str]:
@@ -143,14 +144,19 @@ def table_row(w: Workload, out: str) -> tuple[list[str], list[str]]:
     for run_dir in runs:
         got, per_rank = recorded_gathered(run_dir)
         want = formula_gathered(summary_of(run_dir))
-        equal.append(got == want)
-        notes.append(f"{os.path.basename(run_dir)}: records {got} B (per rank {per_rank}), formula {want} B")
+        summary = summary_of(run_dir)
+        steady = sorted({str(r.get("steady")) for r in summary["ranks"]})
+        notes.append(f"{os.path.basename(run_dir)}: records {got} B (per rank {per_rank}), formula {want} B; "
+                     f"steady peak {mib(summary.get('steady_peak_rss_bytes_max'))} MiB (steady: {'/'.join(steady)}); "
+                     "per-step peak MiB " + ", ".join(mib(st["peak_rss_bytes_max"]) for st in summary["steps_detail"]))
+        equal.append(f"{summary['world_size']}:{'=' if got == want else 'NO'}")
     prediction = predicted(cmp_dir) if finished(cmp_dir, "compare.json") else {"error": "no comparison"}
     if "error" in prediction:
         notes.append(f"predict: {prediction['error']}")
     else:
         notes.append(f"predict: rows {json.dumps(prediction['tensor_rows'])}; not predicted "
-                     f"{json.dumps(prediction['not_predicted'])}; regime {prediction['regime']}")
+                     f"{json.dumps(prediction['not_predicted'])}; regime {prediction['regime']}; "
+                     f"fitted from N={prediction['fitted_from']}")
     if finished(n8_dir, "summary.json"):
         s8 = summary_of(n8_dir)
         got8 = recorded_gathered(n8_dir)[0]
@@ -167,12 +173,12 @@ def table_row(w: Workload, out: str) -> tuple[list[str], list[str]]:
 
     def ratio(a: float | None, b: float | None) -> str:
         return "?" if not a or not b else f"{a / b:.3f}"
-    cells = [w.name, f"{sum(equal)}/{len(equal)}", mib(got8), mib(pred_gathered), ratio(pred_gathered, got8),
+    cells = [w.name, " ".join(equal), mib(got8), mib(pred_gathered), ratio(pred_gathered, got8),
              mib(peak8), mib(pred_peak), ratio(pred_peak, peak8), phase]
     return cells, notes
 
 
-HEADER = ["workload", "records=formula", "gathered N=8 meas MiB", "pred MiB", "pred/meas",
+HEADER = ["workload", "records=formula by N", "gathered N=8 meas MiB", "pred MiB", "pred/meas",
           "peak N=8 meas MiB", "pred MiB", "pred/meas", "N=8 peak phase"]
 
 
