@@ -142,7 +142,10 @@ class CollectiveHooks:
                     original = getattr(module, attr, None) if module is not None else None
                     if original is None or id(original) in wrapped_of or getattr(original, "__memdiag__", False):
                         continue
-                    wrapped: Any = wrap(original)
+                    # memdiag's code is never converted by autograph when a script's tf.function calls
+                    # it: it builds the same graph as plain Python, and autograph's conversion of its
+                    # closures is neither needed nor reliable (a converted method got its arguments twice).
+                    wrapped: Any = tf.autograph.experimental.do_not_convert(wrap(original))
                     wrapped.__memdiag__ = True
                     wrapped.__wrapped__ = original
                     wrapped_of[id(original)] = (original, wrapped)
@@ -313,7 +316,7 @@ class CollectiveHooks:
                     self._guard("read the initial parameters", self._record_initial)
                 return grads, origins, at_run_time
 
-            return allreduce_grads
+            return tf.autograph.experimental.do_not_convert(allreduce_grads)
 
         return make
 
