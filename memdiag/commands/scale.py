@@ -7,7 +7,7 @@ import os
 
 from rich.console import Console
 
-from memdiag.commands._args import add_launch_options, mode_choice, positive_float
+from memdiag.commands._args import add_launch_options, add_launcher_option, mode_choice, positive_float
 
 
 class ScaleCommand:
@@ -43,6 +43,7 @@ class ScaleCommand:
                              help="per-rank batch (tokens or images) to project at; compute time and "
                                   "IndexedSlices rows are scaled from the measured batch")
         add_launch_options(parser, default_steps=4)
+        add_launcher_option(parser)
 
     def run(self, args: argparse.Namespace, script_args: list[str]) -> int:
         from memdiag._errors import UserError

@@ -16,7 +16,8 @@ from memdiag.launch.studies import CompareRequest, ScaleRequest
 # A value for every option that differs from its default.
 NON_DEFAULT = dict(steps=7, preset="small", overrides={"d_model": "16"}, script_args=("--lr", "0.1"), margin=1.5,
                    seed=99, hosts="hostA:2,hostB:2", timeout_s=120.0, mem_limit_bytes=3 << 30, spool="local",
-                   memray=True, horovod_timeline=True, threads_per_rank=2, sample_interval_s=0.01, max_warmup=6)
+                   memray=True, horovod_timeline=True, threads_per_rank=2, sample_interval_s=0.01, max_warmup=6,
+                   launcher="srun")
 
 
 def test_the_table_of_non_default_values_covers_every_option():
@@ -59,7 +60,8 @@ def test_the_command_line_fills_every_option(tmp_path):
     args = build_parser().parse_args([
         "scale", "transformer", "--weak", "--steps", "7", "--preset", "small", "--set", "d_model=16",
         "--margin", "1.5", "--seed", "99", "--hosts", "hostA:2,hostB:2", "--timeout", "120", "--mem-limit", "3G",
-        "--spool", "local", "--memray", "--horovod-timeline", "--threads-per-rank", "2", "--max-warmup", "6"])
+        "--spool", "local", "--memray", "--horovod-timeline", "--threads-per-rank", "2", "--max-warmup", "6",
+        "--launcher", "srun"])
     options = LaunchOptions.from_args(args, ["--lr", "0.1"])
     # Only the sampling period has no flag.
     assert _changed(LaunchOptions(**NON_DEFAULT), options) == {"sample_interval_s"}
