@@ -14,6 +14,7 @@ import argparse
 import os
 import shutil
 import socket
+from typing import Any
 
 from memdiag import rundir
 from memdiag._errors import UserError
@@ -40,7 +41,7 @@ class CollectCommand:
             print(f"{spool}: {merged} file(s) added to or extended in {out}")
         agents = os.path.isdir(os.path.join(out, foreign.AGENTS_DIR))
         if manifest.get("status") == "running":
-            alive = foreign.unfinished_agents_alive(out) if agents else _launcher_alive(manifest)
+            alive = foreign.unfinished_agents_alive(out) if agents else launcher_alive(manifest)
             if alive:
                 raise UserError(f"{out} is still being written (pid {', '.join(map(str, alive))} on this host): "
                                 "wait for the run to end")
@@ -59,12 +60,27 @@ class CollectCommand:
         return 0
 
 
-def _launcher_alive(manifest: dict) -> list[int]:
+def launcher_alive(manifest: dict) -> list[int]:
     """``memdiag run``'s own pid, when it runs on this host still."""
     pid = manifest.get("launcher_pid")
     if isinstance(pid, int) and manifest.get("launcher_host") == socket.gethostname() and os.path.exists(f"/proc/{pid}"):
         return [pid]
     return []
+
+
+def ended_without_word(out: str, run: Any) -> str | None:
+    """The status of a run still ``running`` whose launcher is gone (what ``collect`` would mark it),
+    or None: the run is finished, or still being written on this host."""
+    from memdiag.launch import foreign, session
+
+    if run.manifest.get("status") != "running":
+        return None
+    agents = os.path.isdir(os.path.join(out, foreign.AGENTS_DIR))
+    if foreign.unfinished_agents_alive(out) if agents else launcher_alive(run.manifest):
+        return None
+    stopped = {rank: session.stopped_at(records) for rank, records in run.ranks.items()}
+    return "ended without a word from its launcher; " + session.where_ranks_stopped(
+        stopped, int(run.manifest.get("world_size") or 0))
 
 
 def merge_spool(spool: str, out: str, run_id: str) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from rich.console import Console
 
@@ -40,6 +41,14 @@ class ReportCommand:
                 _say_plots(_compare_plots(args.run_dir), args.format)
             return status
         run = load_run(args.run_dir)
+        from memdiag.commands.collect import ended_without_word
+
+        ended = ended_without_word(args.run_dir, run)
+        if ended is not None:
+            # Shown as `collect` would mark it; the directory itself is left as it is.
+            run.manifest = {**run.manifest, "status": ended}
+            print(f"note: {args.run_dir} was never completed by its launcher (killed, or its node lost); "
+                  f"`memdiag collect {args.run_dir}` marks it and writes its summary", file=sys.stderr)
         if args.format == "chrome":
             from memdiag.report.trace import write_chrome_trace
 

@@ -216,6 +216,11 @@ def test_after_sigkill_collect_says_the_run_ended_without_a_word_and_where_each_
     psutil.wait_procs(everyone, timeout=60)
     proc.wait(timeout=60)
     assert read_json(out / "run.json")["status"] == "running"  # nobody was left to say otherwise
+    # report, before anyone collects, says what collect will mark, and leaves the directory as it is
+    before = memdiag("report", str(out))
+    assert before.returncode == 0 and "ended without a word from its launcher" in before.stdout, before.stdout
+    assert "memdiag collect" in before.stderr
+    assert read_json(out / "run.json")["status"] == "running"
     result = memdiag("collect", str(out))
     assert result.returncode == 0, result.stderr
     manifest = read_json(out / "run.json")
