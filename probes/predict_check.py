@@ -150,6 +150,9 @@ def table_row(w: Workload, out: str) -> tuple[list[str], list[str]]:
                      f"steady peak {mib(summary.get('steady_peak_rss_bytes_max'))} MiB (steady: {'/'.join(steady)}); "
                      "per-step peak MiB " + ", ".join(mib(st["peak_rss_bytes_max"]) for st in summary["steps_detail"]))
         equal.append(f"{summary['world_size']}:{'=' if got == want else 'NO'}")
+        if summary["world_size"] == 1 and not got:
+            notes.append("  N=1: no allgather recorded (Horovod's _allreduce_cond reduces only when the process "
+                         "set has more than one rank)")
     prediction = predicted(cmp_dir) if finished(cmp_dir, "compare.json") else {"error": "no comparison"}
     if "error" in prediction:
         notes.append(f"predict: {prediction['error']}")
