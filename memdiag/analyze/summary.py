@@ -302,9 +302,9 @@ class _Recorded:
 
 
 def _recorded_rows(run: Run, names: set[str]) -> dict[str, _Recorded]:
-    """Per gradient, each rank's rows per training step as it ran: from ``distinct_rows`` records (T,
-    counted before merging; auto and dedup) or else from its allgathers of values (each rank's own
-    rows in, unmerged); and the row width, index size and table rows the records show (the densified
+    """Per gradient, each rank's rows per training step as it ran: from its allgathers of values (each
+    rank's own rows in, unmerged) or else from ``distinct_rows`` records (T, counted before merging:
+    dense, auto and dedup); and the row width, index size and table rows the records show (the densified
     allreduce of a dense run has the table's shape)."""
     found = {name: _Recorded({}, {}) for name in names}
     for rank, records in run.ranks.items():
@@ -342,7 +342,10 @@ def _recorded_rows(run: Run, names: set[str]) -> dict[str, _Recorded]:
                 # MultiWorkerMirroredStrategy pads the rows in: its record keeps the worker's own
                 own = c["rows"] if isinstance(c.get("rows"), int) else shape_in[0]
                 gathered[(c["name"], step)] += int(own)
-        for (name, step), rows in {**gathered, **counted}.items():
+        # A rank's own rows in its allgather are what moved; a distinct_rows record's step can be off by
+        # one (its count may run before the step's first collective marks the step: Keras fit), so it
+        # fills in only the steps no unmerged allgather shows (dense and dedup runs).
+        for (name, step), rows in {**counted, **gathered}.items():
             found[name].rows.setdefault(rank, {})[step] = rows
     return found
 

@@ -102,7 +102,7 @@ def _rows_notes(table: dict[str, Any], scope: str) -> list[str]:
         if uneven:
             line += (f" (the ranks had {min(own)}-{max(own)}"
                      + (f", {r['rows_gathered']} gathered at N={r['world_size']}" if r.get("rows_gathered") else "")
-                     + "): every rank counted as the largest, an upper bound")
+                     + "): every rank counted as the largest, an upper bound while no added rank looks up more")
         if r.get("rows_from") == "records":
             line += "; rows unknown when the graph was traced, read from the run's records"
         lines.append(line)

@@ -40,7 +40,7 @@ def own_rows(rank: int) -> int:
 
 
 def uneven_run(path: Path, world_size: int = 2, mode: str = "sparse", traced: bool = True, steps: int = 3,
-               peak: int = 500_000_000) -> Path:
+               peak: int = 500_000_000, counts_on_step: int | None = None) -> Path:
     """A run of a script whose rank r looks up own_rows(r) ids per step, as the agent records it: a policy
     record per rank (its own rows, or none where the graph did not know the batch size), then per step
     the gradient's collectives and a dense kernel's allreduce."""
@@ -59,6 +59,9 @@ def uneven_run(path: Path, world_size: int = 2, mode: str = "sparse", traced: bo
             writer.add({**decision.as_record(), "step": -1})
         for step in range(steps):
             tracer.begin_step(step)
+            if counts_on_step is not None:  # every step's count of T, recorded under one step (Keras fit's)
+                writer.add({"type": "distinct_rows", "step": counts_on_step, "name": TABLE, "rows": rows,
+                            "distinct_rows": rows, "merge_s": None})
             if world_size > 1 and mode == "sparse":
                 tracer.collective(meta("allgather", TABLE, "values", sparse=True), [rows, WIDTH], [total, WIDTH])
                 tracer.collective(meta("allgather", TABLE, "indices", sparse=True, itemsize=8, dtype="int64"),
@@ -93,6 +96,14 @@ def test_the_summary_keeps_every_ranks_rows_and_the_formula_equals_the_gathered_
     assert policy["rows_per_rank"] == 2000
     for rank in summary["ranks"]:
         assert rank["allgather_bytes_per_step"] == 3_640_000 == policy["formula_gathered_bytes"]
+
+
+def test_counts_of_rows_recorded_under_the_wrong_step_do_not_override_the_rows_gathered(tmp_path):
+    # GIVEN each step's count of T recorded under step 1 (three counts on one step), beside the allgathers
+    policy = policy_of(compare.load_summary(str(uneven_run(tmp_path / "n2", counts_on_step=1))))
+    # THEN the rows are each rank's own rows as its allgathers moved them: 2000 and 5000, not 3 x that
+    assert policy["own_rows_by_rank"] == {"0": 2000, "1": 5000}
+    assert policy["formula_gathered_bytes"] == 3_640_000
 
 
 def test_rows_known_only_at_trace_time_are_summed_too(tmp_path):
