@@ -71,16 +71,17 @@ def predicted_growth(summaries: dict[tuple[int, str], dict[str, Any]], min_world
     """Bytes each added rank adds to every rank's allgather output by the formula, fitted per added rank
     as the measured growth is (over the sparse runs of N >= ``min_world_size``): at each N the formula
     with the rows that run gathered, the sum over its ranks of each rank's own rows (allgatherv gathers
-    them all), so ranks with different rows count as they are; 0 at one rank, which runs no collective.
-    With one such run, its formula bytes over its N (the mean rows per rank).
+    them all), so ranks with different rows count as they are. One rank gathers nothing (Horovod runs no
+    collective for it), so N=1 is no point of the formula's line: with one run of N >= 2, the growth is
+    its formula bytes over its N (the mean rows per rank).
 
     The rows are each rank's own rows in (read from its graph when traced, else from its records),
     never the gathered bytes out: an independent prediction, not the measured bytes restated.
     """
     points = sorted((n, predicted_gathered(s, n)) for (n, mode), s in summaries.items()
-                    if mode == "sparse" and n >= min_world_size)
+                    if mode == "sparse" and n >= max(min_world_size, 2))
     known = [(n, g) for n, g in points if g is not None]
-    if not known or all(n == 1 for n, _ in known):
+    if not known:
         return None
     fit = linear_fit([float(n) for n, _ in known], [float(g) for _, g in known])
     if fit is None:
@@ -92,7 +93,8 @@ def predicted_growth(summaries: dict[tuple[int, str], dict[str, Any]], min_world
 def growth_tensors(summaries: dict[tuple[int, str], dict[str, Any]], min_world_size: int = 1) -> list[dict[str, Any]]:
     """The IndexedSlices gradients that were gathered, with what auto chose for each and why. A tensor's
     growth per added rank is its gathered bytes (from the records) fitted over the sparse runs of
-    N >= ``min_world_size`` as the formula's are (:func:`predicted_growth`); with one run, its bytes over N."""
+    N >= ``min_world_size`` and N >= 2 as the formula's are (:func:`predicted_growth`); with one run, its
+    bytes over N."""
     sparse = [(n, s) for (n, mode), s in summaries.items() if mode == "sparse" and n > 1]
     autos = [(n, s) for (n, mode), s in summaries.items() if mode == "auto"]
     auto_policy = {}
@@ -103,8 +105,9 @@ def growth_tensors(summaries: dict[tuple[int, str], dict[str, Any]], min_world_s
     tensors: dict[str, dict[str, Any]] = {}
     if sparse:
         n, summary = max(sparse, key=lambda item: item[0])
+        # as the formula's line: one rank gathers nothing (no collective), so N=1 is not on it
         by_n = {m: _gathered_by_tensor(s) for (m, mode), s in summaries.items()
-                if mode == "sparse" and m >= min_world_size}
+                if mode == "sparse" and m >= max(min_world_size, 2)}
         for name, gathered in _gathered_by_tensor(summary).items():
             points = sorted((m, found.get(name, 0)) for m, found in by_n.items())
             fit = linear_fit([float(m) for m, _ in points], [float(g) for _, g in points])

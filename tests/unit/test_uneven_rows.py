@@ -118,12 +118,13 @@ def test_the_formula_row_is_the_sum_of_both_ranks_rows_times_row_and_index_bytes
     dirs = {(1, "sparse"): str(uneven_run(tmp_path / "n1-sparse", world_size=1)),
             (2, "sparse"): str(uneven_run(tmp_path / "n2-sparse"))}
     result = compare.build("uneven.py", None, dirs)
-    # THEN the formula's growth per added rank is 7000 x 520, not rank 0's 2000 x 520 = 1,040,000
+    # THEN the formula's growth per added rank is the 7000 rows x 520 B gathered at N=2 over its 2 ranks
+    # (one rank gathers nothing: N=1 is not on the line), not rank 0's 2000 x 520 = 1,040,000
     assert result["growth_fitted_from_world_size"] == 1
-    assert result["predicted_growth_bytes_per_rank"] == 3_640_000
+    assert result["predicted_growth_bytes_per_rank"] == 7000 * 520 // 2 == 1_820_000
     # AND the tensor's line, from the records, says the same
     [tensor] = result["tensors"]
-    assert tensor["growth_bytes_per_rank"] == 3_640_000 and tensor["gathered_bytes"] == 3_640_000
+    assert tensor["growth_bytes_per_rank"] == 1_820_000 and tensor["gathered_bytes"] == 3_640_000
     # AND the correctness allowance counts the 7000 rows one element can sum
     assert compare.most_terms(compare.load_summary(dirs[(2, "sparse")]), 2) == 7000
 
