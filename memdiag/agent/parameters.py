@@ -58,9 +58,6 @@ class ParameterCapture:
     def __bool__(self) -> bool:
         return bool(self._refs)
 
-    def names(self) -> list[str]:
-        return sorted(self._refs)
-
     def add(self, name: str, var: Any) -> None:
         if var is None or name in self._refs:
             return
