@@ -1,0 +1,176 @@
+"""Where memdiag's time goes, as a user sees it: a short-step script under plain mpirun and under
+``memdiag run``, whole processes timed from outside, and each run split into its phases.
+
+The script is probes/short_step_script.py (a ``tf.function`` step with ``sparse_as_dense=True``,
+about 50 ms a step on 2 ranks of 2 cores when the machine is idle), run as written:
+
+    plain:   mpirun -np N python probes/short_step_script.py --steps S --phases
+    memdiag: memdiag run probes/short_step_script.py -n N -- --steps S --phases
+
+for each S in --steps (default 1, 30, 150), the two interleaved (their order alternates) and
+repeated. Printed per run: wall time, CPU time of every process of the run (RUSAGE_CHILDREN), and
+the phases, from rank 0's own clock and memdiag's run.json and records:
+
+    launch      from the command's start to the script's first line (mpirun, Python, for memdiag
+                also its launcher and agent before the script: under memdiag the agent has imported
+                TensorFlow and Horovod by then, so the script's own imports cost less)
+    imports     script's first line to the end of hvd.init() (memdiag: waits for the script's hvd.init)
+    build       hvd.init() to the first step
+    steps       the first step's start to the last step's end (the first step traces the graph)
+    wind-up     the last step's end to the command's exit; for memdiag split into the ranks' own
+                wind-up (to their end records), the ranks' exit to mpirun's, collecting the records
+                (to run.json's "finished") and the summary and report
+
+then, per variant, the medians, and the fixed and per-step costs fitted (least squares) to the
+median walls over S, with memdiag's minus plain's::
+
+    .venv/bin/python probes/fixed_cost.py [--np 2] [--steps 1 30 150] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "short_step_script.py")
+PHASE = re.compile(r"^phase (\w+) ([0-9.]+)$", re.M)
+PARTS = ("launch", "imports", "build", "steps", "wind-up")
+
+
+def _memdiag() -> str:
+    beside = os.path.join(os.path.dirname(sys.executable), "memdiag")
+    return beside if os.path.exists(beside) else "memdiag"
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _records(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def run_once(variant: str, ranks: int, steps: int, tmp: str, tag: str) -> dict:
+    script_args = ["--steps", str(steps), "--phases"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    out = os.path.join(tmp, tag)
+    if variant == "plain":
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks),
+               sys.executable, SCRIPT, *script_args]
+    else:
+        cmd = [_memdiag(), "run", SCRIPT, "-n", str(ranks), "--out", out, "--", *script_args]
+    cpu0, t0 = _children_cpu(), time.time()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, stdin=subprocess.DEVNULL)
+    t1, cpu1 = time.time(), _children_cpu()
+    text = done.stdout
+    if variant == "memdiag" and os.path.exists(os.path.join(out, "mpirun.log")):
+        with open(os.path.join(out, "mpirun.log"), encoding="utf-8") as f:
+            text = f.read()
+    marks = {name: float(t) for name, t in PHASE.findall(text)}
+    needed = ("script_start", "init", "first_step", "last_step_end")
+    if done.returncode != 0 or any(name not in marks for name in needed):
+        raise SystemExit(f"{variant} run failed (exit {done.returncode}): {done.stdout[-1500:]}{done.stderr[-1500:]}")
+    parts = {
+        "launch": marks["script_start"] - t0,
+        "imports": marks["init"] - marks["script_start"],
+        "build": marks["first_step"] - marks["init"],
+        "steps": marks["last_step_end"] - marks["first_step"],
+        "wind-up": t1 - marks["last_step_end"],
+    }
+    if variant == "memdiag":
+        with open(os.path.join(out, "run.json"), encoding="utf-8") as f:
+            manifest = json.load(f)
+        ends = [r["t"] for rank in range(ranks) for r in _records(os.path.join(out, f"rank-{rank}.jsonl"))
+                if r.get("type") == "end"]
+        first_sample = min(r["t_first"] for r in _records(os.path.join(out, "rank-0.jsonl")) if r.get("type") == "mem")
+        mpirun_end = manifest["created"] + manifest["wall_s"]  # mpirun starts just after run.json is made
+        parts["launch: launcher"] = manifest["created"] - t0
+        parts["launch: to the agent's first sample"] = first_sample - manifest["created"]
+        parts["launch: agent before the script"] = marks["script_start"] - first_sample
+        parts["ranks' wind-up"] = max(ends) - marks["last_step_end"]
+        parts["to mpirun's exit"] = mpirun_end - max(ends)
+        parts["collect"] = manifest["finished"] - mpirun_end
+        parts["summary+report"] = t1 - manifest["finished"]
+    step_time = parts["steps"] / steps
+    return {"variant": variant, "steps": steps, "wall": t1 - t0, "cpu": cpu1 - cpu0, "parts": parts,
+            "step_time": step_time}
+
+
+def _fit(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """(fixed, per step) of wall = fixed + per_step x steps, least squares."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    return my - slope * mx, slope
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--steps", type=int, nargs="+", default=[1, 30, 150])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f} (1 min) at the start; "
+          f"{args.np} ranks; steps {args.steps}; {args.repeats} repeats")
+    runs: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="memdiag-fixed-cost-") as tmp:
+        for repeat in range(args.repeats):
+            for steps in args.steps:
+                order = ("plain", "memdiag") if (repeat + steps) % 2 == 0 else ("memdiag", "plain")
+                for variant in order:
+                    run = run_once(variant, args.np, steps, tmp, f"{variant}-{steps}-{repeat}")
+                    runs.append(run)
+                    print(f"  repeat {repeat + 1} steps {steps:4d} {variant:8s} wall {run['wall']:7.2f} s  "
+                          f"cpu {run['cpu']:7.2f} s  step {run['step_time'] * 1e3:7.1f} ms  "
+                          + "  ".join(f"{k} {run['parts'][k]:.2f}" for k in PARTS), flush=True)
+    print(f"load average {os.getloadavg()[0]:.1f} (1 min) at the end\n")
+
+    def median(variant: str, steps: int, key: str) -> float:
+        values = [r["parts"][key] if key in r["parts"] else r[key] for r in runs
+                  if r["variant"] == variant and r["steps"] == steps]
+        return statistics.median(values)
+
+    print(f"{'steps':>5s} {'plain wall':>10s} {'memdiag wall':>12s} {'ratio':>6s} {'plain cpu':>9s} "
+          f"{'memdiag cpu':>11s} {'ratio':>6s}")
+    for steps in args.steps:
+        pw, mw = median("plain", steps, "wall"), median("memdiag", steps, "wall")
+        pc, mc = median("plain", steps, "cpu"), median("memdiag", steps, "cpu")
+        print(f"{steps:5d} {pw:9.2f}s {mw:11.2f}s {mw / pw:6.2f} {pc:8.2f}s {mc:10.2f}s {mc / pc:6.2f}")
+
+    print("\nmedian seconds per phase (memdiag - plain)")
+    for steps in args.steps:
+        cells = [f"{k} {median('memdiag', steps, k) - median('plain', steps, k):+.2f}" for k in PARTS]
+        print(f"  steps {steps:4d}: " + "  ".join(cells))
+        seen: list[str] = []
+        for r in runs:
+            seen += [k for k in r["parts"] if k not in PARTS and k not in seen]
+        print("      memdiag: " + "  ".join(f"{k} {median('memdiag', steps, k):.2f}" for k in seen))
+
+    if len(args.steps) >= 2:
+        fits = {v: _fit([(s, median(v, s, "wall")) for s in args.steps]) for v in ("plain", "memdiag")}
+        step_fits = {v: _fit([(s, median(v, s, "steps")) for s in args.steps]) for v in ("plain", "memdiag")}
+        fixed = fits["memdiag"][0] - fits["plain"][0]
+        per_step = step_fits["memdiag"][1] - step_fits["plain"][1]
+        plain_step = step_fits["plain"][1]
+        print(f"\nfitted: plain {fits['plain'][0]:.2f} s + {fits['plain'][1] * 1e3:.1f} ms/step; "
+              f"memdiag {fits['memdiag'][0]:.2f} s + {fits['memdiag'][1] * 1e3:.1f} ms/step (whole walls)")
+        print(f"memdiag's fixed cost {fixed:+.2f} s per run; per-step cost {per_step * 1e3:+.2f} ms on a "
+              f"{plain_step * 1e3:.1f} ms step ({100 * per_step / plain_step:+.1f}%, from the steps phase's slope)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
