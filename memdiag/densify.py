@@ -292,9 +292,25 @@ def horovod_op(attr: str) -> Callable:
     return function
 
 
+def process_set_size(process_set: Any) -> int | None:
+    """The number of ranks of a Horovod process set; None for no set, or for one whose size is not
+    known yet (a set not initialised by ``hvd.init`` or ``hvd.add_process_set`` raises on ``size()``)."""
+    if process_set is None:
+        return None
+    try:
+        size = process_set.size
+        size = size() if callable(size) else size
+    except Exception:  # noqa: BLE001 - a process set not initialised yet has no size
+        return None
+    return None if size is None else int(size)
+
+
 def _set_size(process_set: Any) -> int:
-    size = process_set.size
-    return int(size() if callable(size) else size)
+    """The size of a process set that a decision needs: an error if it is not known."""
+    size = process_set_size(process_set)
+    if size is None:
+        raise ValueError(f"the size of Horovod process set {process_set!r} is not known: initialise it first")
+    return size
 
 
 def row_shape(grad: tf.IndexedSlices, var: Any) -> SparseGradientShape | None:

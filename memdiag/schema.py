@@ -15,6 +15,11 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 
+# The step of everything before the first training step (initial broadcasts, model building):
+# records of it carry ``"step": -1``; steps of training count from 0.
+SETUP_STEP = -1
+
+
 class _Record(TypedDict):
     type: str
     rank: int

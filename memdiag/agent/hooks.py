@@ -39,8 +39,9 @@ import tensorflow as tf
 
 from memdiag.agent import parameters
 from memdiag.agent.parameters import ParameterCapture
-from memdiag.densify import DensifyPolicy, distinct_rows
+from memdiag.densify import DensifyPolicy, distinct_rows, process_set_size
 from memdiag.policy import Decision
+from memdiag.rounding import gamma
 
 # Frames under these folders are not a user's call site: installed packages, the standard library, memdiag.
 _LIBRARY_DIRS = tuple(sorted({os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
@@ -70,8 +71,7 @@ def rounding_bound_ratio(diff: Any, reference: Any, terms: Any, magnitude: Any, 
     ``terms`` is per row, ``magnitude`` per element. 1 or less: the two agree as closely as float
     arithmetic lets any two summation orders agree."""
     n = np.asarray(terms, dtype=np.float64).reshape((-1,) + (1,) * (diff.ndim - 1))
-    gamma = n * unit / np.maximum(1 - n * unit, unit)
-    bound = 2 * gamma * magnitude + 2 * unit * abs(reference)
+    bound = 2 * gamma(n, unit) * magnitude + 2 * unit * abs(reference)
     over = np.where(bound > 0, diff / np.where(bound > 0, bound, 1), np.where(diff > 0, np.inf, 0.0))
     return float(over.max(initial=0.0))
 
@@ -258,7 +258,7 @@ class CollectiveHooks:
                                   "groups": self._describe("groups", groups),
                                   "gradient_predivide_factor": arguments.get("gradient_predivide_factor")})
             reduce_op = self._op_name(op)
-            set_size = _set_size(process_set)
+            set_size = process_set_size(process_set)
 
             def allreduce_grads(grads, vars=None, use_generic_names=False):
                 try:
@@ -325,7 +325,7 @@ class CollectiveHooks:
         """``auto`` decided when the first step runs (:meth:`DensifyPolicy.reduce_at_run_time`), each
         branch's collective labelled for the op-level records."""
         name, process_set = origin.name, kwargs.get("process_set")
-        world = _set_size(process_set) or self.world_size()
+        world = process_set_size(process_set) or self.world_size()
         labels = {"sparse": origin, "dedup": replace(origin, merged=True), "dense": replace(origin, densified=True)}
 
         def allreduce(tensor: Any, reduction: str) -> Any:
@@ -534,8 +534,7 @@ class CollectiveHooks:
 
         def emit(a, b, elsewhere, n, total, against):
             a, b, n = a.numpy().astype("float64"), b.numpy().astype("float64"), n.numpy()
-            gamma = n * unit / np.maximum(1 - n * unit, unit)
-            total = total.numpy().astype("float64") / np.maximum(1 - gamma, unit).reshape((-1,) + (1,) * (a.ndim - 1))
+            total = total.numpy().astype("float64") / np.maximum(1 - gamma(n, unit), unit).reshape((-1,) + (1,) * (a.ndim - 1))
             diff = abs(a - b)
             scale = float(abs(a).max(initial=0.0))
             record = {**base, "step": self.tracer.step, "against": against,
@@ -679,7 +678,7 @@ class CollectiveHooks:
             shape = "x".join("?" if d is None else str(d) for d in tensor.shape.as_list()) \
                 if tensor.shape.rank is not None else "?"
             name = f"{op}@{_call_site()}[{shape}]"
-        return Origin(name, reduce_op=reduce_op, process_set_size=_set_size(process_set))
+        return Origin(name, reduce_op=reduce_op, process_set_size=process_set_size(process_set))
 
     def _begin(self, op: str, items: list[tuple[Origin, Any]]) -> list[Any]:
         """Tell the tracer collectives are starting, with the bytes each will receive; in a graph,
@@ -876,18 +875,8 @@ def _now() -> np.float64:
 def _describe_process_set(process_set: Any) -> dict[str, Any] | None:
     if process_set is None:
         return None
-    return {"id": getattr(process_set, "process_set_id", None), "size": _set_size(process_set),
+    return {"id": getattr(process_set, "process_set_id", None), "size": process_set_size(process_set),
             "ranks": list(process_set.ranks) if getattr(process_set, "ranks", None) is not None else None}
-
-
-def _set_size(process_set: Any) -> int | None:
-    if process_set is None:
-        return None
-    try:
-        size = process_set.size()
-    except Exception:  # noqa: BLE001 - a process set not initialised yet has no size
-        return None
-    return None if size is None else int(size)
 
 
 def _call_site() -> str:

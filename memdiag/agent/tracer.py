@@ -31,8 +31,8 @@ from typing import Any, Callable, Iterator
 
 from memdiag.agent.records import CollectiveRecords, RecordWriter, SeriesPolicy, mem_record
 from memdiag.agent.sampler import HighWaterMark, MemorySampler
+from memdiag.schema import SETUP_STEP
 
-SETUP_STEP = -1
 # Collective record fields that only some engines' hooks give (memdiag.agent.hooks_tf).
 OPTIONAL_FIELDS = ("engine", "stage", "padded", "pack_members")
 

@@ -19,6 +19,7 @@ from memdiag._errors import UserError
 from memdiag.analyze import projection as model
 from memdiag.collect import read_rank_file
 from memdiag.hosts import ranks_per_host
+from memdiag.schema import SETUP_STEP
 
 COLLECTIVE_TIME_METHOD = (
     "in coll.: from rank 0's Horovod timeline, the union of the intervals in which a collective was "
@@ -167,7 +168,7 @@ def rank0_step_timings(run_dir: str) -> list[dict[str, Any]]:
     path = os.path.join(run_dir, rundir.rank_file(0))
     if not os.path.isfile(path):
         return []
-    steps = [s for s in read_rank_file(path, 0).steps if s.get("step", -1) >= 0]
+    steps = [s for s in read_rank_file(path, 0).steps if s.get("step", SETUP_STEP) > SETUP_STEP]
     typical = [s for s in steps if s["step"] >= 1] or steps
     intervals = timeline_intervals(os.path.join(run_dir, rundir.HOROVOD_TIMELINE))
     return [{

@@ -17,7 +17,6 @@ from memdiag.analyze.failure import diagnose
 from memdiag.analyze.steady import steady_figures
 from memdiag.collect import CollectiveLog, RankRecords, Run
 
-SETUP_STEP = -1
 
 
 def rank_status(records: RankRecords) -> str:

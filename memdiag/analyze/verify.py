@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from memdiag.rounding import FLOAT32_UNIT_ROUNDOFF, gamma
+
 # Parameters after a few optimizer steps: float32 sums re-associated across ranks, then Adam.
 RTOL = 1e-4
 ATOL = 1e-6
@@ -25,10 +27,6 @@ def reduction_rtol(compression: str | None) -> float:
     return FP16_REDUCTION_RTOL if compression and "FP16" in compression.upper() else REDUCTION_RTOL
 
 
-# float32's unit roundoff: the relative error of one rounding.
-UNIT_ROUNDOFF = 2.0**-24
-
-
 def update_allowance(terms: int) -> float:
     """How far float rounding alone can move a parameter's update, as a fraction of the update: a
     gradient element that sums ``terms`` numbers is off its exact sum by at most gamma(terms) x the sum
@@ -37,9 +35,9 @@ def update_allowance(terms: int) -> float:
     size; a fault (a sum for an average, dropped duplicates) changes the update by a whole multiple of
     it. Capped at 1 (where it reaches 1, rounding can explain anything and the check loses its power)."""
     n = max(1, int(terms))
-    if n * UNIT_ROUNDOFF >= 0.5:
+    if n * FLOAT32_UNIT_ROUNDOFF >= 0.5:
         return 1.0
-    return min(1.0, 2 * n * UNIT_ROUNDOFF / (1 - n * UNIT_ROUNDOFF))
+    return min(1.0, 2 * float(gamma(n)))
 
 
 @dataclass(frozen=True)

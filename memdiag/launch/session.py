@@ -19,7 +19,12 @@ from memdiag.collect import RankRecords, Run, load_run
 from memdiag.launch import mpirun, ports
 from memdiag.launch.options import LaunchOptions
 from memdiag.policy import AS_WRITTEN, MODES
+from memdiag.schema import SETUP_STEP
 from memdiag.workloads import WORKLOADS, check as check_workload
+
+
+# How the set-up step's record reads in a rank file (records are written compactly).
+_SETUP_STEP_FIELD = b'"step":%d' % SETUP_STEP
 
 
 @dataclass(frozen=True)
@@ -201,7 +206,7 @@ class StepWatcher:
         self._offset += len(data)
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
-        self.steps += sum(1 for line in lines if line.startswith(b'{"type":"step"') and b'"step":-1' not in line)
+        self.steps += sum(1 for line in lines if line.startswith(b'{"type":"step"') and _SETUP_STEP_FIELD not in line)
         return self.steps
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from memdiag.collect import Run, mem_points
 from memdiag.rundir import HOROVOD_TIMELINE, Timeline, read_timeline, write_json
 from memdiag.report.terminal import common_scope, short_name
+from memdiag.schema import SETUP_STEP
 
 HOROVOD_PID_BASE = 100_000  # Horovod's own pids start here, clear of the ranks' pids
 STEPS_TID, COLLECTIVES_TID = 1, 2
@@ -67,7 +68,7 @@ def _rank_events(rank: int, records: Any, origin: float, scope: str) -> list[dic
             continue
         step = s.get("step")
         args = {k: s[k] for k in ("step", "step_time_s", "peak_rss_bytes", "hwm_bytes", "loss", "items") if k in s}
-        events.append({"ph": "X", "name": "set-up" if step == -1 else f"step {step}", "cat": "step",
+        events.append({"ph": "X", "name": "set-up" if step == SETUP_STEP else f"step {step}", "cat": "step",
                        "pid": pid, "tid": STEPS_TID, "ts": _us(s["t_start"], origin),
                        "dur": round(max(0.0, s["t_end"] - s["t_start"]) * 1e6, 3), "args": args})
     for c in records.collectives:

@@ -18,6 +18,7 @@ import numpy as np
 
 from memdiag import rundir
 from memdiag.agent.config import HOROVOD
+from memdiag.schema import SETUP_STEP
 
 
 @dataclass
@@ -67,10 +68,10 @@ def train(
     run the same steps. The parameters compared between modes are saved after ``ctx.steps`` steps,
     whatever the warm-up added."""
     tracer = ctx.tracer
-    tracer.begin_step(-1)
+    tracer.begin_step(SETUP_STEP)
     if broadcast is not None:
         broadcast()
-    tracer.end_step(-1)
+    tracer.end_step(SETUP_STEP)
     if ctx.check_params:
         # Measured after the step's memory figures are taken, so its copies never count.
         tracer.on_step_end.append(lambda step: {"param_digest": parameter_digest(variables())} if step >= 0 else None)

@@ -76,14 +76,16 @@ def test_fp16_compression_gets_half_precisions_tolerance():
 
 
 def test_rounding_of_long_sums_is_allowed_in_proportion_to_the_update_and_a_fault_is_not():
-    from memdiag.analyze.verify import UNIT_ROUNDOFF, update_allowance
+    from memdiag.analyze.verify import update_allowance
+
+    unit_roundoff = 2.0**-24  # float32
 
     # GIVEN a table row that moved 0.02 from its start over the run, where one gradient element summed
     # up to 786,432 numbers (4 ranks x 196,608 rows)
     initial = {"t": np.zeros(4, np.float32)}
     ref = {"t": np.array([0.02, 0.01, 0.0, -0.005], np.float32)}
     terms = 786_432
-    allowance = 2 * terms * UNIT_ROUNDOFF / (1 - terms * UNIT_ROUNDOFF)  # by hand: 0.0985
+    allowance = 2 * terms * unit_roundoff / (1 - terms * unit_roundoff)  # by hand: 0.0985
     assert abs(update_allowance(terms) - allowance) < 1e-12
     # WHEN the other mode's row differs by 6.35e-5 (a summation order's rounding, 0.3% of the update)
     rounded = {"t": ref["t"] + np.float32(6.35e-5)}
