@@ -20,19 +20,14 @@ import glob
 import json
 import math
 import os
-import re
 from array import array
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterable, Iterator, Sequence, overload
 
 from memdiag._errors import UserError
+from memdiag.rundir import MPIRUN_LOG, RANK_FILE, RANK_GLOB, RUN_MANIFEST
 from memdiag.agent.records import VARYING_FIELDS, SeriesPolicy, mem_aggregates
 
-RUN_MANIFEST = "run.json"
-SUMMARY = "summary.json"
-HOROVOD_TIMELINE = "horovod-timeline.json"
-MPIRUN_LOG = "mpirun.log"
-_RANK_FILE = re.compile(r"rank-(\d+)\.jsonl$")
 _NO_TIME = math.nan
 _WHOLE = -1  # a record kept as it was read (fields missing or of unexpected types)
 
@@ -398,8 +393,8 @@ def load_run(path: str) -> Run:
     except (ValueError, UnicodeDecodeError):
         raise UserError(f"{manifest_path} is not valid JSON; the run directory is damaged") from None
     run = Run(path, manifest, {})
-    for file in sorted(glob.glob(os.path.join(path, "rank-*.jsonl"))):
-        match = _RANK_FILE.search(file)
+    for file in sorted(glob.glob(os.path.join(path, RANK_GLOB))):
+        match = RANK_FILE.search(file)
         if not match:
             continue
         rank = int(match.group(1))

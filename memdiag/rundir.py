@@ -41,6 +41,7 @@ RANK_FILE = re.compile(r"rank-(\d+)\.jsonl$")
 RANK_GLOB = "rank-*.jsonl"
 MEMRAY_SUFFIX = ".memray.bin"
 MEMRAY_GLOB = "rank-*" + MEMRAY_SUFFIX
+MEMRAY_FILE = re.compile(r"rank-(\d+)" + re.escape(MEMRAY_SUFFIX) + "$")
 
 RUN, COMPARISON, SCALE = "run", "comparison", "scale"
 

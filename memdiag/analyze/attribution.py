@@ -31,6 +31,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Hashable, Iterable, Iterator, Sequence
 
+from memdiag import rundir
+
 ALLGATHER = "Horovod allgather output"
 ALLREDUCE = "Horovod allreduce and fusion buffers"
 STARTUP = "Horovod fixed buffers at start-up"
@@ -75,7 +77,6 @@ _OPERATION = re.compile(r"::Compute(Async)?$|::Execute$|PerformOperation$|::Init
 TOP_STACKS = 3
 CACHE_FILE = "attribution.json"
 CACHE_VERSION = 1  # raise when the cached figures or stacks would come out differently
-_MEMRAY_FILE = re.compile(r"rank-(\d+)\.memray\.bin$")
 Frame = tuple[str, str, int]  # function, file, line: memray's frame tuples
 
 
@@ -406,8 +407,8 @@ def attribute_file(path: str, rank: int) -> tuple[RankAttribution | None, list[s
 
 def memray_files(run_dir: str) -> dict[int, str]:
     files = {}
-    for path in glob.glob(os.path.join(run_dir, "rank-*.memray.bin")):
-        match = _MEMRAY_FILE.search(path)
+    for path in glob.glob(os.path.join(run_dir, rundir.MEMRAY_GLOB)):
+        match = rundir.MEMRAY_FILE.search(path)
         if match:
             files[int(match.group(1))] = path
     return dict(sorted(files.items()))
