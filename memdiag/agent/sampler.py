@@ -13,6 +13,8 @@ import threading
 import time
 from typing import Callable
 
+from memdiag.recordformat import decimate
+
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -105,8 +107,10 @@ class MemorySampler:
 
     def sample(self) -> int:
         rss = read_rss()
-        now = time.time()
         with self._lock:
+            # timed under the lock, so the series is in time order and a sample kept after a
+            # take_step() is later than every sample that call took
+            now = time.time()
             self._times.append(now)
             self._rss.append(rss)
             self._step_peak = max(self._step_peak, rss)
@@ -138,16 +142,3 @@ class MemorySampler:
             if self.on_tick is not None and time.monotonic() - last_tick >= 1.0:
                 last_tick = time.monotonic()
                 self.on_tick()
-
-
-def decimate(times: list[float], rss: list[int]) -> tuple[list[float], list[int]]:
-    """Half the samples: each pair becomes the larger RSS at the time it was seen."""
-    kept_t, kept_r = [], []
-    for i in range(0, len(rss) - 1, 2):
-        j = i if rss[i] >= rss[i + 1] else i + 1
-        kept_t.append(times[j])
-        kept_r.append(rss[j])
-    if len(rss) % 2:
-        kept_t.append(times[-1])
-        kept_r.append(rss[-1])
-    return kept_t, kept_r

@@ -29,8 +29,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from memdiag.agent.records import CollectiveRecords, RecordWriter, SeriesPolicy, mem_record
+from memdiag.agent.records import CollectiveRecords, RecordWriter
 from memdiag.agent.sampler import HighWaterMark, MemorySampler
+from memdiag.recordformat import SeriesPolicy, mem_record
 from memdiag.schema import SETUP_STEP
 
 # Collective record fields that only some engines' hooks give (memdiag.agent.hooks_tf).
@@ -165,12 +166,13 @@ class Tracer:
             yield
         finally:
             with self._lock:
-                sampled, _, rss = self.sampler.take_step()  # the span's samples belong to no step
+                sampled, times, rss = self.sampler.take_step()  # the span's samples belong to no step
                 exact = self.hwm.peak()
                 self.hwm.start()
                 self.writer.add({
                     "type": "own_work", "what": what, "step": self.step, "within_step": self._in_step,
-                    "t_start": t_start, "t_end": time.time(), "rss_before_bytes": before.rss[-1],
+                    # the span ends with take_step's last sample: every sample the step keeps is later
+                    "t_start": t_start, "t_end": times[-1] if times else time.time(), "rss_before_bytes": before.rss[-1],
                     "peak_rss_bytes": sampled if exact is None else max(sampled, exact), "rss_after_bytes": rss[-1],
                 })
 
