@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterable, Iterator, Sequence, overload
 
 from memdiag._errors import UserError
+from memdiag.recordformat import VARYING_FIELDS, SeriesPolicy, mem_aggregates
 from memdiag.rundir import MPIRUN_LOG, RANK_FILE, RANK_GLOB, RUN_MANIFEST
-from memdiag.agent.records import VARYING_FIELDS, SeriesPolicy, mem_aggregates
 
 _NO_TIME = math.nan
 _WHOLE = -1  # a record kept as it was read (fields missing or of unexpected types)

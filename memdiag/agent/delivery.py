@@ -36,7 +36,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
-    from memdiag.agent.config import AgentConfig
+    from memdiag.agentconfig import AgentConfig
 
 CHUNK_BYTES = 4 * 2**20
 STREAM_INTERVAL_S = 1.0

@@ -29,7 +29,7 @@ from typing import Any, Callable
 from memdiag import rundir
 from memdiag.agent import delivery as _delivery
 from memdiag.agent import launcher_env
-from memdiag.agent.config import HOROVOD, TF_DISTRIBUTE, AgentConfig
+from memdiag.agentconfig import HOROVOD, TF_DISTRIBUTE, AgentConfig
 from memdiag.agent.records import RecordWriter
 from memdiag.agent.sampler import MemorySampler, read_hwm
 from memdiag.agent.tracer import Tracer
@@ -235,7 +235,7 @@ def _write_tf_config(rank: int, size: int) -> dict[str, Any]:
     Returns what the start record says of it (``error``: why none could be written)."""
     import json
 
-    from memdiag.launch import ports
+    from memdiag import ports
 
     gathered: tuple[list[str], dict[str, Any]] | str | None = None
     if os.environ.get(ports.ENV) == ports.RANKS:
@@ -267,14 +267,14 @@ def _write_tf_config(rank: int, size: int) -> dict[str, Any]:
 
 
 def _gather_tf_cluster(rank: int, size: int) -> tuple[list[str], dict[str, Any]]:
-    """``--hosts``: this rank's address (:func:`memdiag.launch.ports.own_address`) and a free port of its
+    """``--hosts``: this rank's address (:func:`memdiag.ports.own_address`) and a free port of its
     own host, exchanged with every rank's in one MPI allgather (mpi4py, before TensorFlow), the port held
     until every rank has chosen, so that ranks sharing a host choose distinct ones. Returns the workers
     ``ADDR:PORT`` in rank order and what the start record says of this rank's choice; ValueError (the
     same on every rank) when a rank found no address."""
     from mpi4py import MPI
 
-    from memdiag.launch import ports
+    from memdiag import ports
 
     with ports.hold_free_port() as port:
         try:

@@ -4,8 +4,8 @@ Records of a step are buffered and written with one flush when the step ends, so
 killed loses at most the step it was in. Every record carries ``type``; see docs/records.md.
 
 A long run stays small (docs/performance.md): every step has its ``step`` record and a ``mem`` record
-of RSS aggregates, but only some steps keep their RSS samples (:func:`keeps_series`), and after the
-first :data:`FULL_STEPS` steps a step's collectives are written as one ``collective_calls`` record
+of RSS aggregates, but only some steps keep their RSS samples (:func:`memdiag.recordformat.keeps_series`), and after the
+first :data:`memdiag.recordformat.FULL_STEPS` steps a step's collectives are written as one ``collective_calls`` record
 (which kind, when, and the shapes when they differ from the kind's first call) rather than one
 ``collective`` record each. Readers (:mod:`memdiag.collect`) expand them back into collective records.
 """
@@ -16,16 +16,9 @@ import json
 import os
 import threading
 import time
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable
 
-# Steps written in full: the set-up and steps 0 .. FULL_STEPS-1 keep their RSS samples and have one
-# ``collective`` record per collective. Later steps keep their samples only on SERIES_PER_DOUBLING
-# evenly spaced steps of every doubling of the step count (32, 34, ..., 62; 64, 68, ..., 124; ...).
-FULL_STEPS = 32
-SERIES_PER_DOUBLING = 16
-# Fields of a collective record that change from call to call; the others make its kind.
-VARYING_FIELDS = frozenset(("step", "t", "shape_in", "shape_out", "bytes_in", "bytes_out", "kind"))
-
+from memdiag.recordformat import FULL_STEPS, VARYING_FIELDS
 
 class RecordWriter:
     def __init__(self, path: str, rank: int) -> None:
@@ -72,64 +65,6 @@ def _jsonable(value: Any) -> Any:
     if hasattr(value, "item"):
         return value.item()
     return str(value)
-
-
-# -- RSS samples ---------------------------------------------------------------------------------
-
-def keeps_series(step: int) -> bool:
-    """Whether the ``mem`` record of ``step`` carries its samples (``times``, ``rss``): the set-up,
-    steps 0 .. FULL_STEPS-1, then SERIES_PER_DOUBLING evenly spaced steps of every doubling. A run of
-    S steps keeps about FULL_STEPS + SERIES_PER_DOUBLING * log2(S / FULL_STEPS) series."""
-    if step < FULL_STEPS:
-        return True
-    stride = 1 << max(0, step.bit_length() - 1 - (SERIES_PER_DOUBLING.bit_length() - 1))
-    return step % stride == 0
-
-
-class SeriesPolicy:
-    """Which steps keep their samples: :func:`keeps_series`, and every step until the first one with a
-    collective window, so that the compute peak (RSS before the first gradient reduction, see
-    memdiag.analyze.steady) is always read from samples."""
-
-    def __init__(self) -> None:
-        self._window_seen = False
-
-    def keep(self, step: int, window_start: float | None) -> bool:
-        keep = keeps_series(step) or not self._window_seen
-        if window_start is not None and step >= 0:
-            self._window_seen = True
-        return keep
-
-
-def in_window(t: float, start: float | None, end: float | None) -> bool:
-    """Whether a sample at ``t`` lies in a step's collective window (as memdiag.analyze.steady counts)."""
-    return start is not None and t >= start and (end is None or t <= end)
-
-
-def mem_aggregates(times: Sequence[float], rss: Sequence[int], window_start: float | None = None,
-                   window_end: float | None = None) -> dict[str, Any]:
-    """A step's RSS samples reduced to what every reader needs: count, first, last, min, max (and when
-    it was reached), mean, and the largest sample inside the step's collective window."""
-    n = len(rss)
-    if not n:
-        return {"n": 0}
-    top = max(range(n), key=rss.__getitem__)
-    result: dict[str, Any] = {
-        "n": n, "t_first": times[0], "rss_first": rss[0], "t_last": times[-1], "rss_last": rss[-1],
-        "rss_min": min(rss), "rss_max": rss[top], "t_max": times[top], "rss_mean": round(sum(rss) / n)}
-    inside = [r for t, r in zip(times, rss) if in_window(t, window_start, window_end)]
-    if inside:
-        result["rss_max_window"] = max(inside)
-    return result
-
-
-def mem_record(step: int, times: list[float], rss: list[int], window_start: float | None,
-               window_end: float | None, keep_series: bool) -> dict[str, Any]:
-    record: dict[str, Any] = {"type": "mem", "step": step,
-                              **mem_aggregates(times, rss, window_start, window_end)}
-    if keep_series:
-        record["times"], record["rss"] = times, rss
-    return record
 
 
 # -- collectives ---------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from memdiag.agent.records import in_window
+from memdiag.recordformat import in_window
 
 # How far a steady window's peaks may lie apart, and its trend carry the run (module docstring).
 STEADY_TOLERANCE = 0.01

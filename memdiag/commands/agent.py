@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from memdiag.agent.config import ENGINES, HOROVOD
+from memdiag.agentconfig import ENGINES, HOROVOD
 from memdiag.commands._args import add_launch_options, mode_choice, positive_float
 
 

@@ -6,7 +6,7 @@ import argparse
 
 from rich.console import Console
 
-from memdiag.agent.config import ENGINES, HOROVOD, TF_DISTRIBUTE
+from memdiag.agentconfig import ENGINES, HOROVOD, TF_DISTRIBUTE
 from memdiag.commands._args import (add_launch_options, add_launcher_option, mode_choice, positive_int,
                                     ranks_from_allocation)
 

@@ -2,7 +2,7 @@
 
 Every rank runs ``memdiag agent --out DIR [options] -- python train.py ARGS``. This process finds its
 place in the job from the launcher's environment (:mod:`memdiag.agent.launcher_env`), builds the same
-:class:`memdiag.agent.config.AgentConfig` that ``memdiag run`` would give the rank, and runs the same
+:class:`memdiag.agentconfig.AgentConfig` that ``memdiag run`` would give the rank, and runs the same
 agent (``python -m memdiag.agent CONFIG``, :mod:`memdiag.agent.main`) as its child, which it watches:
 so the rank's exit status is known exactly, even when a signal ends the agent, and a signal sent to
 this process (SIGTERM from ``scancel``, a time limit, mpirun) is passed on to it.
@@ -39,9 +39,10 @@ from typing import Any, Mapping
 from memdiag import rundir
 from memdiag._errors import UserError
 from memdiag.agent import launcher_env
-from memdiag.agent.config import TF_DISTRIBUTE
+from memdiag.agentconfig import TF_DISTRIBUTE
 from memdiag.collect import load_run
-from memdiag.launch import ports, session
+from memdiag import ports
+from memdiag.launch import session
 from memdiag.launch.session import RunRequest
 
 AGENTS_DIR = ".memdiag-agents"  # check-ins and exit statuses of the ranks (--spool shared)

@@ -13,10 +13,11 @@ from typing import Any, Callable, Mapping
 
 from memdiag import __version__, rundir
 from memdiag._errors import UserError
-from memdiag.agent.config import (ENGINES, HOROVOD, TF_DISTRIBUTE, TF_DISTRIBUTE_MODES, TF_DISTRIBUTE_WORKLOADS,
+from memdiag.agentconfig import (ENGINES, HOROVOD, TF_DISTRIBUTE, TF_DISTRIBUTE_MODES, TF_DISTRIBUTE_WORKLOADS,
                                   AgentConfig)
 from memdiag.collect import RankRecords, Run, load_run
-from memdiag.launch import mpirun, ports
+from memdiag import ports
+from memdiag.launch import mpirun
 from memdiag.launch.options import LaunchOptions
 from memdiag.policy import AS_WRITTEN, MODES
 from memdiag.schema import SETUP_STEP

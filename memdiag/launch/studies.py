@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from memdiag import rundir
 from memdiag._errors import UserError
-from memdiag.agent.config import ENGINES, HOROVOD, TF_DISTRIBUTE
+from memdiag.agentconfig import ENGINES, HOROVOD, TF_DISTRIBUTE
 from memdiag.analyze import compare as comparison
 from memdiag.analyze import scaling
 from memdiag.launch.options import LaunchOptions

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from memdiag.agent.sampler import decimate
 from memdiag.collect import Run, mem_points
+from memdiag.recordformat import decimate
 
 MEMORY_PLOT = "memory.png"
 PEAK_PLOT = "peak-vs-ranks.png"

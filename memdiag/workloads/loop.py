@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from memdiag import rundir
-from memdiag.agent.config import HOROVOD
+from memdiag.agentconfig import HOROVOD
 from memdiag.schema import SETUP_STEP
 
 
@@ -38,7 +38,7 @@ class WorkloadContext:
     # auto on several ranks: decide for embedding tables from their first batch's ids before the step
     # is traced, [(variable, ids)] (every rank, the same tables in the same order)
     decide_lookups: Callable[[list[tuple[Any, Any]]], None] | None = None
-    engine: str = HOROVOD  # what reduces the gradients (memdiag.agent.config.ENGINES)
+    engine: str = HOROVOD  # what reduces the gradients (memdiag.agentconfig.ENGINES)
     # The largest of every rank's value (every rank calls it, in the same order); None: Horovod's
     # max-allreduce (memdiag.densify.agree_max_rows). The tf-distribute engine passes MPI's.
     agree_max: Callable[[int], int] | None = None

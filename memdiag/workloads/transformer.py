@@ -20,7 +20,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from memdiag.agent.config import TF_DISTRIBUTE
+from memdiag.agentconfig import TF_DISTRIBUTE
 from memdiag.workloads.configs import PRESETS, TransformerConfig, with_overrides
 from memdiag.workloads.data import ZipfTokens, batch_rng
 from memdiag.workloads.loop import WorkloadContext, train

@@ -118,7 +118,7 @@ def test_auto_ends_with_the_parameters_of_the_gather_within_rounding(sparse_n4, 
 
 
 def test_the_script_decides_and_trains_alike_under_plain_mpirun(auto_n2):
-    from memdiag.launch.ports import free_ports
+    from memdiag.ports import free_ports
 
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_PORTS": ",".join(map(str, free_ports(2)))}
     env.pop("TF_CONFIG", None)

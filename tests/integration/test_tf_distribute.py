@@ -149,7 +149,7 @@ def test_sparse_and_dense_runs_end_with_the_same_parameters(as_written, dense):
 
 
 def test_the_script_prints_the_same_under_plain_mpirun(as_written):
-    from memdiag.launch.ports import free_ports
+    from memdiag.ports import free_ports
 
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_PORTS": ",".join(map(str, free_ports(N)))}
     env.pop("TF_CONFIG", None)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from memdiag.agent.sampler import MAX_SAMPLES_PER_STEP, MemorySampler, decimate
+from memdiag.agent.sampler import MAX_SAMPLES_PER_STEP, MemorySampler
+from memdiag.recordformat import decimate
 from memdiag.formula import SparseGradientShape
 from memdiag.policy import decide
 

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from memdiag._errors import UserError
-from memdiag.agent.config import AgentConfig
+from memdiag.agentconfig import AgentConfig
 from memdiag.cli import build_parser
 from memdiag.launch.options import DEFAULTS, LaunchOptions
 from memdiag.launch.session import RunRequest, agent_config

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import socket
 
-from memdiag.launch import ports
+from memdiag import ports
 
 
 def _range_file(tmp_path, low: int, high: int) -> str:

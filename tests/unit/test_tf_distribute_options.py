@@ -8,9 +8,9 @@ import socket
 import pytest
 
 from memdiag._errors import UserError
-from memdiag.agent.config import AgentConfig
+from memdiag.agentconfig import AgentConfig
 from memdiag.cli import build_parser
-from memdiag.launch import ports
+from memdiag import ports
 from memdiag.launch.options import LaunchOptions
 from memdiag.launch.session import RunRequest, agent_config, validate
 
@@ -207,7 +207,7 @@ def test_a_workloads_warm_up_is_agreed_by_the_contexts_function_never_horovods(m
     assert votes and set(votes) == {0}  # this worker had settled: it voted 0 each time
 
 
-# --hosts: each rank's own address and port (memdiag.launch.ports), exchanged by the agent.
+# --hosts: each rank's own address and port (memdiag.ports), exchanged by the agent.
 URI = "355991552.0;tcp://10.1.2.3,172.17.0.1:45123;tcp6://[fd00::2]:54529"
 
 
