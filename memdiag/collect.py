@@ -21,8 +21,9 @@ import json
 import math
 import os
 from array import array
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Iterable, Iterator, Sequence, overload
+from typing import Any, overload
 
 from memdiag._errors import UserError
 from memdiag.recordformat import VARYING_FIELDS, SeriesPolicy, mem_aggregates

@@ -7,8 +7,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 # A TensorFlow + Horovod rank of the tiny presets needs about 0.6 GiB, the small preset about 1.3 GiB.
 RANK_MEMORY_BYTES = int(1.3 * 2**30)
@@ -24,7 +24,7 @@ class Check:
 
 def _python() -> Check:
     version = ".".join(map(str, sys.version_info[:3]))
-    if sys.version_info < (3, 10):
+    if sys.version_info < (3, 10):  # noqa: UP036 - the user's Python, checked at run time
         return Check("python", "fail", version, "use Python 3.10 or newer (3.11 is what is tested)")
     return Check("python", "ok", version)
 

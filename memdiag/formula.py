@@ -29,8 +29,8 @@ there, and of it :func:`padding_bytes` are zero rows::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 # MPI counts are C ints: a gathered buffer of more elements than this cannot be described by one
 # MPI_Allgatherv call (the 32-bit count overflow Horovod users report).

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from typing import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 ENV = "MEMDIAG_TF_PORTS"
 

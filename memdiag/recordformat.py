@@ -8,7 +8,8 @@ the readers are memdiag/collect.py, the analysis and the plots. docs/records.md 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 # Steps written in full: the set-up and steps 0 .. FULL_STEPS-1 keep their RSS samples and have one
 # ``collective`` record per collective. Later steps keep their samples only on SERIES_PER_DOUBLING

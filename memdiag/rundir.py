@@ -186,7 +186,7 @@ def parse_timeline(text: str) -> Timeline:
     decoder = json.JSONDecoder()
     timeline = Timeline(complete=False)
     i = len(text) - len(text.lstrip())
-    if not text[i:i + 1] == "[":
+    if text[i:i + 1] != "[":
         return timeline
     i += 1
     while i < len(text):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-
 # The step of everything before the first training step (initial broadcasts, model building):
 # records of it carry ``"step": -1``; steps of training count from 0.
 SETUP_STEP = -1

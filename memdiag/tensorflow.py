@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from memdiag.densify import UNKNOWN_ROWS, DensifyPolicy, row_shape, sparse_shape
 from memdiag.formula import padding_bytes

@@ -302,7 +302,7 @@ def main() -> int:
     print_table(results)
     # The full per-variable table after the last step, for the engine-analogue pairs.
     for kind in kinds:
-        for a, b_, label in PAIRS[:3] if kind == "adam" else PAIRS[:1]:
+        for a, b_, _label in PAIRS[:3] if kind == "adam" else PAIRS[:1]:
             if (kind, a, b_) not in final_tables:
                 continue
             lab, per_var, pa, pb, ta, tb = final_tables[(kind, a, b_)]

@@ -94,8 +94,8 @@ def _tree_rss(root: int) -> int:
 
 def measure(command: list[str], quiet_stdout: bool = True) -> Measured:
     """Run ``command``; its wall time, largest single-process RSS and largest process-tree RSS."""
-    out = tempfile.TemporaryFile(mode="w+")
-    err = tempfile.TemporaryFile(mode="w+")
+    out = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - read and closed below, after the process ends
+    err = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
     start = time.perf_counter()
     proc = subprocess.Popen(command, cwd=SOURCE[0], stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                             env={**os.environ, "COLUMNS": "160"})

@@ -161,10 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             for variant in order:
                 out = os.path.join(base, f"{variant}-{repeat}")
                 start = time.monotonic()
-                if variant == "plain":
-                    value = run_plain(args, out)
-                else:
-                    value = run_memdiag(args, out, memray=variant == "memray")
+                value = run_plain(args, out) if variant == "plain" else \
+                    run_memdiag(args, out, memray=variant == "memray")
                 results[variant].append(value)
                 print(f"  repeat {repeat + 1} {variant:7s} median step {value * 1000:8.1f} ms"
                       f"  (run took {time.monotonic() - start:5.0f} s)", flush=True)

@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 WIDTH, VOCAB, STEPS = 32, 1000, 3
 LINE = re.compile(r"^rank (\d+) step (\d+) VmHWM (\d+) MiB$", re.M)
@@ -100,7 +101,7 @@ def main() -> int:
                            "--rank-program", "--rows", str(args.rows)]
                     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
                     log = os.path.join(out, "mpirun.log")
-                    text = open(log, encoding="utf-8").read() if os.path.exists(log) else ""
+                    text = Path(log).read_text(encoding="utf-8") if os.path.exists(log) else ""
                 peaks = _peaks(text)
                 if done.returncode != 0 or len(peaks) != args.np:
                     print(f"{variant} run failed (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")

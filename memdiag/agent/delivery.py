@@ -33,7 +33,8 @@ import shutil
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from memdiag.agentconfig import AgentConfig

@@ -31,8 +31,9 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -836,10 +837,8 @@ def _reducible(arguments: dict[str, Any]) -> bool:
 
 def _import_keras_frontend() -> None:
     """Horovod's Keras front end, when Keras is there, so that its DistributedOptimizer is hooked too."""
-    try:
+    with contextlib.suppress(Exception):  # no Keras: nothing of it to hook
         import horovod.tensorflow.keras  # noqa: F401
-    except Exception:  # noqa: BLE001 - no Keras: nothing of it to hook
-        pass
 
 
 def _signature(function: Callable) -> inspect.Signature | None:

@@ -37,8 +37,9 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import tensorflow as tf

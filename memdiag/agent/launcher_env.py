@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import re
 import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 OPENMPI, HOROVOD, HYDRA, SLURM = "openmpi", "horovod", "hydra", "slurm"
 # The launcher nearest to the process first: an mpirun inside a Slurm allocation started this rank,

@@ -24,15 +24,16 @@ import socket
 import sys
 import tempfile
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from memdiag import rundir
 from memdiag.agent import delivery as _delivery
 from memdiag.agent import launcher_env
-from memdiag.agentconfig import HOROVOD, TF_DISTRIBUTE, AgentConfig
 from memdiag.agent.records import RecordWriter
 from memdiag.agent.sampler import MemorySampler, read_hwm
 from memdiag.agent.tracer import Tracer
+from memdiag.agentconfig import HOROVOD, TF_DISTRIBUTE, AgentConfig
 
 
 # Rank, size and ranks on this node as the launcher set them (mpirun, srun, horovodrun, Hydra):

@@ -24,8 +24,10 @@ import contextlib
 import hashlib
 import threading
 import weakref
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +50,7 @@ class ParameterCapture:
         self._from_session: dict[str, np.ndarray] = {}  # graph variables: last values read through a session
         self._on_failure = on_failure
         self._on_initial: Callable[[dict[str, np.ndarray]], None] | None = None
-        self._initial_span: Callable[[], ContextManager[Any]] = contextlib.nullcontext
+        self._initial_span: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
         self._lock = threading.Lock()
         self._session_hooks: list[tuple[Any, str, Any]] = []
 
@@ -91,7 +93,7 @@ class ParameterCapture:
         return values
 
     def initial(self, record: Callable[[dict[str, np.ndarray]], None],
-                span: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> None:
+                span: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext) -> None:
         """``record(values)`` once, with the values before the first update: now for eager variables,
         after the first session run that initializes them for a graph's. Reading and recording run
         inside ``span()`` (the tracer's own-work span: in no step's figures)."""

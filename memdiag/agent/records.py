@@ -16,9 +16,11 @@ import json
 import os
 import threading
 import time
-from typing import Any, Callable, Hashable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 from memdiag.recordformat import FULL_STEPS, VARYING_FIELDS
+
 
 class RecordWriter:
     def __init__(self, path: str, rank: int) -> None:

@@ -25,9 +25,10 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from memdiag.agent.records import CollectiveRecords, RecordWriter
 from memdiag.agent.sampler import HighWaterMark, MemorySampler

@@ -27,9 +27,10 @@ import re
 import resource
 import tempfile
 from collections import defaultdict
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Hashable, Iterable, Iterator, Sequence
+from typing import Any
 
 from memdiag import rundir
 
@@ -121,7 +122,7 @@ class Attribution:
         return {"ranks": [asdict(r) for r in self.ranks], "warnings": list(self.warnings)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Attribution":
+    def from_dict(cls, data: dict[str, Any]) -> Attribution:
         ranks = []
         for r in data.get("ranks", []):
             groups = tuple(
@@ -206,7 +207,7 @@ class Classifier:
         return group, short_stack(frames, where, views), any(v.pool for v in views)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def simplify(function: str) -> str:
     """A C++ symbol without template arguments, parameter list or return type."""
     name = function.replace("(anonymous namespace)::", "")
@@ -379,7 +380,7 @@ def attribute_file(path: str, rank: int) -> tuple[RankAttribution | None, list[s
             try:
                 meta = reader.metadata
                 last_snapshot = None
-                for last_snapshot in reader.get_memory_snapshots():  # only the last one matters
+                for last_snapshot in reader.get_memory_snapshots():  # noqa: B007 - the last one is used below
                     pass
                 result = attribute_records(_memray_records(reader, meta.has_native_traces), rank, name,
                                            meta.peak_memory)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 import statistics
 from collections import defaultdict
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

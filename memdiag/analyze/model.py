@@ -60,8 +60,9 @@ interval is searched on its own (see :meth:`MemoryModel.ranks_over_budget`).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from memdiag._errors import UserError
 from memdiag.formula import SparseGradientShape

@@ -35,7 +35,8 @@ than compute did afterwards.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from memdiag.recordformat import in_window
 

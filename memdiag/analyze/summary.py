@@ -6,8 +6,9 @@ import math
 import os
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -16,7 +17,6 @@ from memdiag.analyze.attribution import summary_entry as attribution_entry
 from memdiag.analyze.failure import diagnose
 from memdiag.analyze.steady import steady_figures
 from memdiag.collect import CollectiveLog, RankRecords, Run
-
 
 
 def rank_status(records: RankRecords) -> str:

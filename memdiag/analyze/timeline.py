@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 # Horovod's activity names for the collectives themselves, as memdiag names the operation.
 TIMELINE_OPS = {"ALLREDUCE": "allreduce", "ADASUM": "allreduce", "ALLGATHER": "allgather",

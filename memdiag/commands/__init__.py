@@ -15,7 +15,6 @@ from memdiag.commands.run import RunCommand
 from memdiag.commands.scale import ScaleCommand
 
 
-
 class Command(Protocol):
     help: str
 

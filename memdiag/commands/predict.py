@@ -71,11 +71,10 @@ def of_one_engine(summaries: list[dict], engine: str | None, path: str) -> list[
 
 def load_summaries(path: str) -> list[dict]:
     """summary.json of a run directory, or of every run in a comparison directory."""
+    from memdiag import rundir
     from memdiag._errors import UserError
     from memdiag.analyze.summary import summarize
     from memdiag.collect import load_run
-
-    from memdiag import rundir
 
     dirs = rundir.runs_of(path) if rundir.kind(path) == rundir.COMPARISON else [path]
     summaries = []

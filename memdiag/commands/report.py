@@ -23,11 +23,10 @@ class ReportCommand:
 
     def run(self, args: argparse.Namespace, script_args: list[str]) -> int:
 
-        from memdiag.analyze.summary import summarize
-        from memdiag.collect import load_run
-
         from memdiag import rundir
         from memdiag._errors import UserError
+        from memdiag.analyze.summary import summarize
+        from memdiag.collect import load_run
 
         if args.output and args.format != "chrome":
             raise UserError("--output is where --format chrome writes its trace; add --format chrome or drop --output")

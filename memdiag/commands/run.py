@@ -7,8 +7,7 @@ import argparse
 from rich.console import Console
 
 from memdiag.agentconfig import ENGINES, HOROVOD, TF_DISTRIBUTE
-from memdiag.commands._args import (add_launch_options, add_launcher_option, mode_choice, positive_int,
-                                    ranks_from_allocation)
+from memdiag.commands._args import add_launch_options, add_launcher_option, mode_choice, positive_int, ranks_from_allocation
 
 
 class RunCommand:

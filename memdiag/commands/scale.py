@@ -47,10 +47,10 @@ class ScaleCommand:
 
     def run(self, args: argparse.Namespace, script_args: list[str]) -> int:
         from memdiag._errors import UserError
-        from memdiag.report.scale import print_scale
         from memdiag.analyze.scaling import analyze_dir
         from memdiag.launch.options import LaunchOptions
         from memdiag.launch.studies import ScaleRequest, run_scale
+        from memdiag.report.scale import print_scale
         from memdiag.units import parse_rank_list
 
         projection = _projection_request(args)

@@ -23,6 +23,7 @@ The run directory is the kind ``memdiag run`` writes:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -33,15 +34,15 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
-from memdiag import rundir
+from memdiag import ports, rundir
 from memdiag._errors import UserError
 from memdiag.agent import launcher_env
 from memdiag.agentconfig import TF_DISTRIBUTE
 from memdiag.collect import load_run
-from memdiag import ports
 from memdiag.launch import session
 from memdiag.launch.session import RunRequest
 
@@ -285,10 +286,8 @@ class _Rank:
         child = subprocess.Popen([sys.executable, "-m", "memdiag.agent", self.config_text()],
                                  env=self.child_environment())
         def forward(signum: int, frame: object) -> None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 child.send_signal(signum)
-            except ProcessLookupError:
-                pass
 
         for sig in FORWARDED:
             signal.signal(sig, forward)

@@ -15,8 +15,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from memdiag._errors import UserError
 from memdiag.hosts import parse_hosts, placement, ranks_per_host

@@ -8,8 +8,8 @@ option given on the command line reaches every run of the study or fails to type
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from memdiag._errors import UserError
 

@@ -8,21 +8,20 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
-from memdiag import __version__, rundir
+from memdiag import __version__, ports, rundir
 from memdiag._errors import UserError
-from memdiag.agentconfig import (ENGINES, HOROVOD, TF_DISTRIBUTE, TF_DISTRIBUTE_MODES, TF_DISTRIBUTE_WORKLOADS,
-                                  AgentConfig)
+from memdiag.agentconfig import ENGINES, HOROVOD, TF_DISTRIBUTE, TF_DISTRIBUTE_MODES, TF_DISTRIBUTE_WORKLOADS, AgentConfig
 from memdiag.collect import RankRecords, Run, load_run
-from memdiag import ports
 from memdiag.launch import mpirun
 from memdiag.launch.options import LaunchOptions
 from memdiag.policy import AS_WRITTEN, MODES
 from memdiag.schema import SETUP_STEP
-from memdiag.workloads import WORKLOADS, check as check_workload
-
+from memdiag.workloads import WORKLOADS
+from memdiag.workloads import check as check_workload
 
 # How the set-up step's record reads in a rank file (records are written compactly).
 _SETUP_STEP_FIELD = b'"step":%d' % SETUP_STEP

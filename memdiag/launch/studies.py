@@ -14,8 +14,9 @@ as repeats are; the verification run (a reduction check) is one per engine: ``ve
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -28,7 +29,8 @@ from memdiag.analyze import scaling
 from memdiag.launch.options import LaunchOptions
 from memdiag.launch.session import RunRequest, execute, is_script, label, validate
 from memdiag.policy import AS_WRITTEN
-from memdiag.workloads import check as check_workload, configs
+from memdiag.workloads import check as check_workload
+from memdiag.workloads import configs
 
 # The preset setting that holds each built-in workload's per-rank batch (items per step).
 PER_RANK_BATCH = {"transformer": "tokens_per_rank", "mixed": "tokens_per_rank", "resnet50": "batch_per_rank"}

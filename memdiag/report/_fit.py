@@ -19,7 +19,7 @@ included.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Union
+from typing import Literal
 
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderResult
@@ -27,7 +27,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-Cell = Union[str, Text]
+Cell = str | Text
 Kind = Literal["figure", "name", "prose"]
 
 ELLIPSIS = "…"

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from memdiag.collect import Run, mem_points
-from memdiag.rundir import HOROVOD_TIMELINE, Timeline, read_timeline, write_json
 from memdiag.report.terminal import common_scope, short_name
+from memdiag.rundir import HOROVOD_TIMELINE, Timeline, read_timeline, write_json
 from memdiag.schema import SETUP_STEP
 
 HOROVOD_PID_BASE = 100_000  # Horovod's own pids start here, clear of the ranks' pids

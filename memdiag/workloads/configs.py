@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import hashlib
 import os
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

@@ -14,7 +14,6 @@ import sys
 
 from memdiag.rundir import wait_for_timeline_writer
 
-
 if __name__ == "__main__":
     script = sys.argv[1]
     sys.argv = sys.argv[1:]

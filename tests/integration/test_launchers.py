@@ -6,6 +6,7 @@ The Slurm launchers (srun, sbatch, salloc, horovodrun) are the Slurm tier's: tes
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -209,10 +210,8 @@ def test_after_sigkill_collect_says_the_run_ended_without_a_word_and_where_each_
     # A batch system's SIGKILL reaches every process of the job at once: memdiag, mpirun, the ranks.
     everyone = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
     for process in everyone:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             process.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(everyone, timeout=60)
     proc.wait(timeout=60)
     assert read_json(out / "run.json")["status"] == "running"  # nobody was left to say otherwise

@@ -17,16 +17,22 @@ import os
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
 from memdiag.collect import RankRecords, read_rank_file
 from memdiag.launch.mpirun import placement
 from tests.helpers import read_json, read_records
-from tests.hosts.simulated import (SimulatedCluster, agent_env, layout_problem, mpirun_base, namespaces_unavailable,
-                                   processes_matching)
+from tests.hosts.simulated import (
+    SimulatedCluster,
+    agent_env,
+    layout_problem,
+    mpirun_base,
+    namespaces_unavailable,
+    processes_matching,
+)
 
 pytestmark = pytest.mark.mpi
 HOSTS = "hostA:2,hostB:2"

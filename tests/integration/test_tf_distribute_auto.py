@@ -171,7 +171,7 @@ def test_under_keras_3_the_tensors_carry_their_variables_names_and_parameters_ar
     assert result.returncode == 0, result.stdout + result.stderr
     [start] = [r for r in read_records(out / "rank-0.jsonl") if r["type"] == "start"]
     assert start["versions"]["keras"].startswith("3.")
-    for rank, policy in enumerate(_policies(out, 2)):
+    for policy in _policies(out, 2):
         assert policy["name"].endswith("embeddings:0") and policy["decision"] == "sparse"
         assert policy["rows_per_worker"] == ROWS[2] and policy["gathered_bytes"] == 3_084_000
     names = {r["name"] for r in _steps(out, 0)}

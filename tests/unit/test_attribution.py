@@ -15,9 +15,22 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from memdiag.analyze import attribution as attr
-from memdiag.analyze.attribution import (ALLGATHER, ALLREDUCE, OTHER, PYTHON, STARTUP, TF_TENSORS, Attribution,
-                                         Classifier, PeakRecord, attribute_file, attribute_records, attribute_run,
-                                         short_stack, simplify)
+from memdiag.analyze.attribution import (
+    ALLGATHER,
+    ALLREDUCE,
+    OTHER,
+    PYTHON,
+    STARTUP,
+    TF_TENSORS,
+    Attribution,
+    Classifier,
+    PeakRecord,
+    attribute_file,
+    attribute_records,
+    attribute_run,
+    short_stack,
+    simplify,
+)
 from memdiag.report.attribution import attribution_section, flamegraph_command
 
 MIB = 2**20

@@ -1,8 +1,8 @@
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from memdiag.analyze.summary import summarize
 from memdiag.collect import load_run, parse_records
-
 from tests.unit.fake_run import make_run
 
 

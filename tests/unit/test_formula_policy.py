@@ -1,5 +1,6 @@
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from memdiag.formula import SparseGradientShape, crossover_ranks, dense_bytes, gathered_bytes
 from memdiag.policy import decide

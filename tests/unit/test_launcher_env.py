@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from memdiag.agent.launcher_env import (HOROVOD, HYDRA, OPENMPI, SLURM, LauncherEnvError, current, detect,
-                                        tasks_on_node)
+from memdiag.agent.launcher_env import HOROVOD, HYDRA, OPENMPI, SLURM, LauncherEnvError, current, detect, tasks_on_node
 
 MPIRUN_RANK1 = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
                 "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_MCA_ess_base_jobid": "1925578753",

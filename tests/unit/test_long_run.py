@@ -19,9 +19,9 @@ from memdiag.agent.records import RecordWriter
 from memdiag.agent.tracer import Tracer
 from memdiag.analyze.summary import collective_summary, rank_summary, summarize
 from memdiag.collect import CollectiveLog, RankRecords, Run, load_run, mem_points, read_rank_file
+from memdiag.recordformat import FULL_STEPS, keeps_series
 from memdiag.report.plots import rss_series
 from memdiag.report.trace import chrome_trace
-from memdiag.recordformat import FULL_STEPS, keeps_series
 from tests.unit.fake_run import meta
 
 MiB = 2**20

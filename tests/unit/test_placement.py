@@ -7,8 +7,8 @@ from collections import Counter
 import pytest
 
 from memdiag._errors import UserError
-from memdiag.launch.mpirun import parse_hosts, placement, ranks_per_host
 from memdiag.analyze.scaling import measured_row, study_warnings
+from memdiag.launch.mpirun import parse_hosts, placement, ranks_per_host
 
 # `mpirun --oversubscribe -H HOSTS -np N --display-map` of OpenMPI 4.1.4, rank by rank.
 DISPLAY_MAP = [

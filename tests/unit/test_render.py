@@ -12,6 +12,7 @@ from memdiag.analyze import compare as compare_analysis
 from memdiag.analyze.attribution import Attribution, attribute_records
 from memdiag.analyze.model import build_model, prediction_table
 from memdiag.analyze.projection import Network
+from memdiag.analyze.scaling import ProjectionRequest, analyze_dir
 from memdiag.analyze.summary import summarize
 from memdiag.collect import load_run
 from memdiag.doctor import Check
@@ -21,9 +22,7 @@ from memdiag.report.doctor import print_checks
 from memdiag.report.predict import print_prediction
 from memdiag.report.scale import print_scale
 from memdiag.report.terminal import print_run
-from memdiag.analyze.scaling import ProjectionRequest, analyze_dir
 from memdiag.units import format_bytes
-
 from tests.unit.fake_run import make_run
 from tests.unit.test_attribution import sample_records
 from tests.unit.transformer_run import ROWS, load_summary, make_transformer_run

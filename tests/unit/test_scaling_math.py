@@ -10,11 +10,18 @@ from rich.console import Console
 
 from memdiag._errors import UserError
 from memdiag.analyze.projection import Network, scaling_efficiency, speedup
-from memdiag.report.scale import print_scale
-from memdiag.analyze.scaling import (ProjectionRequest, add_ratios, build_result, covered_seconds,
-                                     execution_intervals, study_warnings, timeline_intervals)
+from memdiag.analyze.scaling import (
+    ProjectionRequest,
+    add_ratios,
+    build_result,
+    covered_seconds,
+    execution_intervals,
+    study_warnings,
+    timeline_intervals,
+)
 from memdiag.launch.options import LaunchOptions
 from memdiag.launch.studies import ScaleRequest
+from memdiag.report.scale import print_scale
 
 
 def test_weak_efficiency_is_the_per_rank_throughput_ratio():

@@ -7,10 +7,10 @@ import socket
 
 import pytest
 
+from memdiag import ports
 from memdiag._errors import UserError
 from memdiag.agentconfig import AgentConfig
 from memdiag.cli import build_parser
-from memdiag import ports
 from memdiag.launch.options import LaunchOptions
 from memdiag.launch.session import RunRequest, agent_config, validate
 

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from memdiag.collect import load_run
-from memdiag.rundir import HOROVOD_TIMELINE
 from memdiag.report.trace import HOROVOD_PID_BASE, chrome_trace, write_chrome_trace
-from memdiag.rundir import parse_timeline
+from memdiag.rundir import HOROVOD_TIMELINE, parse_timeline
 from tests.helpers import memdiag
 from tests.unit.fake_run import make_run
 

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import numpy as np
 
@@ -175,7 +176,7 @@ def test_across_engines_a_failed_pair_is_compared_again_with_the_references_rank
     # order 1e-8 from MWMS's
     runs = {"horovod": {(4, "dense"): _run(tmp_path, "h", [0.5, -0.25, 1.0])},
             "tf-distribute": {(4, "dense"): _run(tmp_path, "t", [0.5001, -0.25, 1.0])}}
-    summaries = {e: {k: json.loads(open(f"{p}/summary.json").read()) for k, p in d.items()} for e, d in runs.items()}
+    summaries = {e: {k: json.loads(Path(p, "summary.json").read_text()) for k, p in d.items()} for e, d in runs.items()}
     again = _run(tmp_path, "verify-order-n4-dense", [0.50009999, -0.25, 1.0])
     # WHEN compared without, then with, that run
     [alone] = across_engines(["horovod", "tf-distribute"], runs, summaries)

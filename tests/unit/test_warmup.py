@@ -4,8 +4,8 @@ settled; every rank runs the same steps, and the parameters compared between mod
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import pytest
 

@@ -17,7 +17,6 @@ from memdiag.analyze.summary import summarize
 from memdiag.collect import load_run
 from memdiag.formula import SparseGradientShape
 from memdiag.policy import decide
-
 from tests.unit.fake_run import meta
 
 SOURCE = "transformer/encoder/source_embedding/embeddings:0"
