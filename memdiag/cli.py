@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import NoReturn
+from typing import NoReturn, cast
 
 from memdiag import __version__
 from memdiag._errors import UserError
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         argv, script_args = argv[:cut], argv[cut + 1:]
     args = build_parser().parse_args(argv)
     try:
-        return args.command_object.run(args, script_args)
+        return cast(int, args.command_object.run(args, script_args))
     except UserError as exc:
         print(f"memdiag: error: {exc}", file=sys.stderr)
         return exc.exit_status

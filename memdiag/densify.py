@@ -17,7 +17,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import tensorflow as tf
@@ -115,7 +115,7 @@ class DensifyPolicy:
         return (self.mode == "auto" and world > 1 and not tf.executing_eagerly() and self.fault is None
                 and row_shape(grad, var) is not None)
 
-    def decide_lookup(self, name: str, var: Any, ids: np.ndarray) -> Decision:
+    def decide_lookup(self, name: str, var: Any, ids: np.ndarray[Any, Any]) -> Decision:
         """The decision for an embedding table whose gradient will be the rows ``ids`` looked up (the
         first batch's, every rank its own), made before the step is traced: the gradient has one row
         per id (T = ids.size) and U = the distinct ids, so ``auto`` needs no run-time switch in the
@@ -283,14 +283,14 @@ def agree_max_rows(rows: int, process_set: Any, name: str) -> int:
         return int(value.numpy())
 
 
-def horovod_op(attr: str) -> Callable:
+def horovod_op(attr: str) -> Callable[..., Any]:
     """Horovod's own op underneath memdiag's recording hook (for memdiag's own collectives)."""
     import horovod.tensorflow.mpi_ops as mpi_ops
 
     function = getattr(mpi_ops, attr)
     while hasattr(function, "__wrapped__"):
         function = function.__wrapped__
-    return function
+    return cast(Callable[..., Any], function)
 
 
 def process_set_size(process_set: Any) -> int | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 from memdiag.formula import SparseGradientShape, padding_bytes
 from memdiag.units import format_bytes
@@ -107,7 +108,7 @@ class Decision:
             return None
         return padding_bytes(self.rows_per_worker, self.shape.row_bytes, self.shape.index_bytes)
 
-    def as_record(self) -> dict:
+    def as_record(self) -> dict[str, Any]:
         shape = self.shape
         record = {
             "type": "policy",

@@ -66,7 +66,7 @@ def _with_policy(reducer: Any, policy: DensifyPolicy, process_set: Any, kwargs: 
     op = kwargs.get("op")
     options = {k: kwargs[k] for k in ("op", "compression", "process_set") if kwargs.get(k) is not None}
 
-    def allreduce_grads(grads, vars=None, *args, **kw):
+    def allreduce_grads(grads: Any, vars: Any = None, *args: Any, **kw: Any) -> Any:
         grads = list(grads)
         later = {}
         if op in (None, hvd.Average, hvd.Sum):  # Horovod reduces IndexedSlices with these only

@@ -415,7 +415,8 @@ class CollectiveHooks:
             try:
                 arguments = _bind(signature, (tensors, *args), kwargs)
                 tensors = list(tensors)
-                dense, sparse = [], []
+                dense: list[Origin] = []
+                sparse: list[Origin] = []
                 for i, tensor in enumerate(tensors):
                     origin = self._take_origin(None, tensor, arguments)
                     if isinstance(tensor, tf.IndexedSlices) and not origin.gradient and _reducible(arguments):

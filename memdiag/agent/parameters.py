@@ -36,9 +36,9 @@ import numpy as np
 class _Snapshot:
     """A variable's value read earlier, in the form :func:`memdiag.workloads.loop.save_parameters` takes."""
 
-    value: np.ndarray
+    value: np.ndarray[Any, Any]
 
-    def numpy(self) -> np.ndarray:
+    def numpy(self) -> np.ndarray[Any, Any]:
         return self.value
 
 
@@ -47,9 +47,9 @@ class ParameterCapture:
 
     def __init__(self, on_failure: Callable[[str, BaseException], None]) -> None:
         self._refs: dict[str, Callable[[], Any]] = {}
-        self._from_session: dict[str, np.ndarray] = {}  # graph variables: last values read through a session
+        self._from_session: dict[str, np.ndarray[Any, Any]] = {}  # graph variables: last values read through a session
         self._on_failure = on_failure
-        self._on_initial: Callable[[dict[str, np.ndarray]], None] | None = None
+        self._on_initial: Callable[[dict[str, np.ndarray[Any, Any]]], None] | None = None
         self._initial_span: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
         self._lock = threading.Lock()
         self._session_hooks: list[tuple[Any, str, Any]] = []
@@ -76,11 +76,11 @@ class ParameterCapture:
             self._refs[name] = _strong(var)
 
     # -- reading ----------------------------------------------------------------------------------
-    def read_eager(self) -> dict[str, np.ndarray]:
+    def read_eager(self) -> dict[str, np.ndarray[Any, Any]]:
         """Every variable that has an eager value, read now."""
         import tensorflow as tf
 
-        values: dict[str, np.ndarray] = {}
+        values: dict[str, np.ndarray[Any, Any]] = {}
         with tf.init_scope():
             for name in sorted(self._refs):
                 var = self._refs[name]()
@@ -92,7 +92,7 @@ class ParameterCapture:
                     self._on_failure("read a parameter", exc)
         return values
 
-    def initial(self, record: Callable[[dict[str, np.ndarray]], None],
+    def initial(self, record: Callable[[dict[str, np.ndarray[Any, Any]]], None],
                 span: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext) -> None:
         """``record(values)`` once, with the values before the first update: now for eager variables,
         after the first session run that initializes them for a graph's. Reading and recording run
@@ -105,7 +105,7 @@ class ParameterCapture:
         self._on_initial = record
         self._initial_span = span
 
-    def final(self) -> dict[str, np.ndarray]:
+    def final(self) -> dict[str, np.ndarray[Any, Any]]:
         """The last values: eager variables read now, graph variables as their session left them."""
         values = dict(self._from_session)
         values.update(self.read_eager())
@@ -116,7 +116,7 @@ class ParameterCapture:
         live = {name: ref() for name, ref in self._refs.items()}
         return {name: var for name, var in live.items() if var is not None and _in_graph(var)}
 
-    def _read_through(self, session: Any, run: Callable[..., Any]) -> dict[str, np.ndarray] | None:
+    def _read_through(self, session: Any, run: Callable[..., Any]) -> dict[str, np.ndarray[Any, Any]] | None:
         ours = {name: var for name, var in self._graph_variables().items() if var.graph is session.graph}
         if not ours:
             return None
@@ -168,7 +168,7 @@ class ParameterCapture:
         self._session_hooks.clear()
 
 
-def digest(values: dict[str, np.ndarray]) -> str | None:
+def digest(values: dict[str, np.ndarray[Any, Any]]) -> str | None:
     """Exact fingerprint of the values, in name order (None: no values)."""
     if not values:
         return None
@@ -178,7 +178,7 @@ def digest(values: dict[str, np.ndarray]) -> str | None:
     return h.hexdigest()
 
 
-def save(path: str, values: dict[str, np.ndarray]) -> None:
+def save(path: str, values: dict[str, np.ndarray[Any, Any]]) -> None:
     """The values to ``path`` in the run directory's parameter format."""
     from memdiag.workloads.loop import save_parameters
 

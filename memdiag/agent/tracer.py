@@ -72,11 +72,11 @@ class Tracer:
         self._spans: list[_Span] = []  # the current step's figures before memdiag's own work cut them
         self.hwm = HighWaterMark()
         self._lock = threading.RLock()
-        self._anchor: tuple | None = None
+        self._anchor: tuple[Any, ...] | None = None
         self._anchor_is_gradient = False
-        self._pending: dict[tuple, dict[str, Any]] = {}  # collectives started, not yet completed
+        self._pending: dict[tuple[Any, ...], dict[str, Any]] = {}  # collectives started, not yet completed
         self._received: list[dict[str, Any]] = []  # collectives completed in the current step
-        self._reported_waits: set[tuple] = set()
+        self._reported_waits: set[tuple[Any, ...]] = set()
         self._window: list[float | None] = [None, None]  # the step's collective window (start, end)
         self._live_bytes = 0  # outputs of the step's collectives other than allgathers
         self._gathered: dict[str, int] = {}  # per tensor: its allgather outputs (values and indices)

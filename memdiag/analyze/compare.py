@@ -15,7 +15,7 @@ import os
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from memdiag.schema import CompareRow, CrossEngineCheck, EnginePeak, EngineRow, 
 
 
 def load_summary(run_dir: str) -> dict[str, Any]:
-    return rundir.read_json(os.path.join(run_dir, rundir.SUMMARY))
+    return cast(dict[str, Any], rundir.read_json(os.path.join(run_dir, rundir.SUMMARY)))
 
 
 def table_row(summary: dict[str, Any], run_dir: str) -> CompareRow:
@@ -175,7 +175,7 @@ def reduction_result(verify_summary: dict[str, Any] | None) -> dict[str, Any] | 
         # 1 or less passes: float rounding's bound for the rows' sums where the check recorded it (an
         # uncompressed reduction), else the fixed relative tolerance (fp16 compression, older records).
         ratio = check.get("rounding_bound_ratio")
-        return ratio if ratio is not None else check["max_rel_diff"] / rtol(check)
+        return ratio if ratio is not None else float(check["max_rel_diff"]) / rtol(check)
 
     def worst_of(selected: list[dict[str, Any]]) -> dict[str, Any]:
         worst = max(selected, key=against_tolerance, default=None)
@@ -499,7 +499,7 @@ def physics(result: dict[str, Any], summaries: dict[tuple[int, str], dict[str, A
     def beyond_noise(a: float | None, b: float | None) -> bool | None:
         if a is None or b is None or noise_bytes is None:
             return None
-        return abs(a - b) > noise_bytes
+        return bool(abs(a - b) > noise_bytes)
 
     dense_low, dense_high = (peak(min(multi), "dense"), peak(max(multi), "dense")) if len(multi) >= 2 else (None, None)
     fixed: dict[str, float] = {}

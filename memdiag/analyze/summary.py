@@ -8,7 +8,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -23,7 +23,7 @@ def rank_status(records: RankRecords) -> str:
     if records.killed is not None:
         return "killed"
     if records.end is not None:
-        return records.end.get("status", "ok")
+        return cast(str, records.end.get("status", "ok"))
     return "died" if records.steps or records.start else "missing"
 
 
@@ -180,11 +180,11 @@ class _Tensor:
     steps: int = 0  # distinct (rank, step) pairs
 
 
-def _tensors_of_rank(log: CollectiveLog) -> dict[tuple, tuple[int, int, int, int, int, int]]:
+def _tensors_of_rank(log: CollectiveLog) -> dict[tuple[Any, ...], tuple[int, int, int, int, int, int]]:
     """Per (tensor, op, part), over one rank's training-step collectives: (last position, largest bytes
     in, largest bytes out, bytes out summed, calls, distinct steps). Array by array, not call by call."""
     kind, step, bytes_in, bytes_out = log.columns()
-    ids: dict[tuple, int] = {}
+    ids: dict[tuple[Any, ...], int] = {}
     group_of_kind = np.array([ids.setdefault((k["name"], k["op"], k.get("part")), len(ids)) for k in log.kinds] + [-1],
                              dtype=np.int64)
     position = np.nonzero((kind >= 0) & (step >= 0))[0]
@@ -204,7 +204,7 @@ def _tensors_of_rank(log: CollectiveLog) -> dict[tuple, tuple[int, int, int, int
     found = {key: (int(last[i]), int(largest_in[i]), int(largest_out[i]), int(sums[i]), int(calls[i]),
                    int(distinct[i])) for key, i in ids.items() if calls[i]}
     # records kept whole (a field missing or odd): one by one; a record without a step is training
-    extra: dict[tuple, list[Any]] = {}
+    extra: dict[tuple[Any, ...], list[Any]] = {}
     for pos, c in log.whole():
         if (0 if c.get("step") is None else c["step"]) < 0:
             continue
@@ -222,7 +222,7 @@ def _tensors_of_rank(log: CollectiveLog) -> dict[tuple, tuple[int, int, int, int
 
 def collective_summary(run: Run) -> list[dict[str, Any]]:
     """One entry per (tensor, op, part) over the training steps of every rank."""
-    groups: dict[tuple, _Tensor] = {}
+    groups: dict[tuple[Any, ...], _Tensor] = {}
     for rank, records in run.ranks.items():
         for key, (last_call, b_in, b_out, total, calls, steps) in _tensors_of_rank(_log(records.collectives)).items():
             group = groups.setdefault(key, _Tensor((rank, last_call)))
@@ -366,9 +366,9 @@ def saved_table_rows(run_dir: str) -> dict[str, int]:
             with zipfile.ZipFile(path) as archive:
                 for info in archive.infolist():
                     with archive.open(info) as f:
-                        version = npy.read_magic(f)
+                        version = npy.read_magic(f)  # type: ignore[no-untyped-call]
                         header = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
-                        shape = header(f)[0]
+                        shape = header(f)[0]  # type: ignore[no-untyped-call]
                     key = info.filename.removesuffix(".npy")
                     if shape:  # keys are "INDEX:NAME" (memdiag.analyze.verify.load_parameters)
                         rows[key.split(":", 1)[1] if ":" in key else key] = int(shape[0])

@@ -7,6 +7,7 @@ order, so float32 results agree to rounding, not bit for bit. The tolerance says
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -50,13 +51,13 @@ class VariableDiff:
     allowance: float = 0.0  # what rounding may add to the tolerance: update_allowance x max_update
 
 
-def load_parameters(path: str) -> dict[str, np.ndarray]:
+def load_parameters(path: str) -> dict[str, np.ndarray[Any, Any]]:
     with np.load(path) as data:
         return {key.split(":", 1)[1] if ":" in key else key: data[key] for key in data.files}
 
 
-def compare_parameters(reference: dict[str, np.ndarray], other: dict[str, np.ndarray],
-                       rtol: float = RTOL, atol: float = ATOL, initial: dict[str, np.ndarray] | None = None,
+def compare_parameters(reference: dict[str, np.ndarray[Any, Any]], other: dict[str, np.ndarray[Any, Any]],
+                       rtol: float = RTOL, atol: float = ATOL, initial: dict[str, np.ndarray[Any, Any]] | None = None,
                        terms: int | None = None) -> list[VariableDiff]:
     """Per variable: max |a - b|, max |a - b| / |a|, and whether |a - b| <= atol + rtol |a| holds.
 

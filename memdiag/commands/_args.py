@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from memdiag.launch.options import DEFAULT_LAUNCHER, DEFAULTS, LAUNCHERS, SPOOLS
 from memdiag.policy import MODES
 
 
-def whole_number(what: str, minimum: int):
+def whole_number(what: str, minimum: int) -> Callable[[str], int]:
     """A whole number of at least ``minimum`` (0 or 1)."""
     least = "0 or more" if minimum == 0 else f"at least {minimum}"
 
@@ -24,15 +25,15 @@ def whole_number(what: str, minimum: int):
     return parse
 
 
-def positive_int(what: str):
+def positive_int(what: str) -> Callable[[str], int]:
     return whole_number(what, 1)
 
 
-def non_negative_int(what: str):
+def non_negative_int(what: str) -> Callable[[str], int]:
     return whole_number(what, 0)
 
 
-def positive_float(what: str):
+def positive_float(what: str) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -45,7 +46,7 @@ def positive_float(what: str):
     return parse
 
 
-def size_arg(what: str):
+def size_arg(what: str) -> Callable[[str], int]:
     def parse(text: str) -> int:
         from memdiag._errors import UserError
         from memdiag.units import parse_size

@@ -60,7 +60,7 @@ class CollectCommand:
         return 0
 
 
-def launcher_alive(manifest: dict) -> list[int]:
+def launcher_alive(manifest: dict[str, Any]) -> list[int]:
     """``memdiag run``'s own pid, when it runs on this host still."""
     pid = manifest.get("launcher_pid")
     if isinstance(pid, int) and manifest.get("launcher_host") == socket.gethostname() and os.path.exists(f"/proc/{pid}"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from rich.console import Console
 
@@ -52,7 +53,7 @@ class PredictCommand:
         return 0
 
 
-def of_one_engine(summaries: list[dict], engine: str | None, path: str) -> list[dict]:
+def of_one_engine(summaries: list[dict[str, Any]], engine: str | None, path: str) -> list[dict[str, Any]]:
     """The runs of one engine: Horovod's and MultiWorkerMirroredStrategy's buffers differ (a comparison
     made with --engine both holds both), so one model is never fitted to a mix of them."""
     from memdiag._errors import UserError
@@ -69,7 +70,7 @@ def of_one_engine(summaries: list[dict], engine: str | None, path: str) -> list[
     return chosen
 
 
-def load_summaries(path: str) -> list[dict]:
+def load_summaries(path: str) -> list[dict[str, Any]]:
     """summary.json of a run directory, or of every run in a comparison directory."""
     from memdiag import rundir
     from memdiag._errors import UserError

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from rich.console import Console
 
@@ -55,7 +56,7 @@ class RunCommand:
         return 0
 
 
-def script_exit_status(manifest: dict) -> int:
+def script_exit_status(manifest: dict[str, Any]) -> int:
     """A failed run's exit status: the launcher's (for a script, the status its failing rank exited
     with, as under plain mpirun), else 1 (a timeout, a signal, memdiag's own failure)."""
     code = manifest.get("returncode")

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from memdiag.analyze.scaling import ProjectionRequest
 
 from memdiag.commands._args import add_launch_options, add_launcher_option, mode_choice, positive_float
 
@@ -73,7 +77,7 @@ class ScaleCommand:
         return 0 if ok else 1
 
 
-def _projection_request(args: argparse.Namespace):
+def _projection_request(args: argparse.Namespace) -> ProjectionRequest | None:
     from memdiag._errors import UserError
     from memdiag.analyze import projection as model
     from memdiag.analyze.scaling import ProjectionRequest

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from memdiag._errors import UserError
 from memdiag.hosts import parse_hosts, placement, ranks_per_host
@@ -150,7 +151,7 @@ def _exit_on_signal(signum: int, frame: object) -> None:
 _GRACE_S = {"mpirun": 5.0, "srun": 40.0}
 
 
-def _end_group(proc: subprocess.Popen, launcher: str = "mpirun") -> None:
+def _end_group(proc: subprocess.Popen[Any], launcher: str = "mpirun") -> None:
     """SIGTERM to the launcher and every rank it started, then SIGKILL what is left."""
     for sig, grace in ((signal.SIGTERM, _GRACE_S.get(launcher, 5.0)), (signal.SIGKILL, 5.0)):
         try:

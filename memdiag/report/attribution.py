@@ -68,7 +68,7 @@ def top_stacks(attribution: dict[str, Any]) -> Text:
     """The top stacks of each rank's largest groups; a rank whose stacks repeat an earlier rank's
     is named, not repeated."""
     text = Text()
-    shown: dict[tuple, int] = {}
+    shown: dict[tuple[Any, ...], int] = {}
     for r in attribution["ranks"]:
         lines = _stack_lines(r)
         key = tuple((group, tuple(frames for _, frames in stacks)) for group, stacks in lines)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.text import Text
 
 from memdiag.units import format_bytes
@@ -9,7 +11,7 @@ from memdiag.units import format_bytes
 MODE_STYLES = {"sparse": "red", "dense": "green", "auto": "cyan"}
 
 
-def peak_chart(rows: list[dict], width: int = 40) -> Text:
+def peak_chart(rows: list[dict[str, Any]], width: int = 40) -> Text:
     """Bars start at the smallest peak shown, so differences of a few percent stay visible."""
     values = [r["peak_rss_bytes_max"] for r in rows if r["peak_rss_bytes_max"]]
     text = Text()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from memdiag._errors import UserError
 
 WORKLOADS = ("transformer", "mixed", "resnet50")
 
 
-def presets(name: str) -> dict:
+def presets(name: str) -> dict[str, Any]:
     """The presets of a built-in workload (imports TensorFlow-free config modules only)."""
     from memdiag.workloads import configs
 

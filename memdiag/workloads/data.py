@@ -6,6 +6,8 @@ touches per batch is realistic. Every batch is a pure function of (seed, rank, s
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 
@@ -17,7 +19,7 @@ class ZipfTokens:
         self._cdf = np.cumsum(weights / weights.sum())
         self.vocab_size = vocab_size
 
-    def sample(self, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    def sample(self, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
         ids = np.searchsorted(self._cdf, rng.random(shape), side="right")
         return np.minimum(ids, self.vocab_size - 1).astype(np.int32)
 

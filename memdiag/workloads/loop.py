@@ -45,7 +45,7 @@ class WorkloadContext:
     agree_max: Callable[[int], int] | None = None
 
 
-def parameter_digest(variables: list) -> str:
+def parameter_digest(variables: list[Any]) -> str:
     """Exact fingerprint of all parameters: equal on every rank iff the parameters are identical."""
     digest = hashlib.blake2b(digest_size=16)
     for var in variables:
@@ -55,7 +55,7 @@ def parameter_digest(variables: list) -> str:
 
 def train(
     ctx: WorkloadContext,
-    variables: Callable[[], list],
+    variables: Callable[[], list[Any]],
     train_step: Callable[[int], Any],
     broadcast: Callable[[], None] | None,
     items_per_step: int,
@@ -114,7 +114,7 @@ def variable_name(var: Any) -> str:
     return f"{path}:0" if isinstance(path, str) else var.name
 
 
-def save_parameters(path: str, variables: list, names: list[str] | None = None) -> None:
+def save_parameters(path: str, variables: list[Any], names: list[str] | None = None) -> None:
     """``variables`` to ``path`` as "INDEX:NAME" arrays of an .npz archive (what np.savez writes and
     np.load reads), named by :func:`variable_name` unless ``names`` says otherwise.
 
@@ -128,7 +128,8 @@ def save_parameters(path: str, variables: list, names: list[str] | None = None) 
         for i, (name, var) in enumerate(zip(names, variables, strict=True)):
             value = np.asarray(var.numpy(), order="C")  # (ascontiguousarray makes a scalar 1-d)
             with archive.open(f"{i:04d}:{name}.npy", "w", force_zip64=True) as member:
-                np.lib.format.write_array_header_1_0(member, np.lib.format.header_data_from_array_1_0(value))
+                np.lib.format.write_array_header_1_0(  # type: ignore[no-untyped-call]
+                    member, np.lib.format.header_data_from_array_1_0(value))  # type: ignore[no-untyped-call]
                 member.write(value.reshape(-1).view(np.uint8).data)
             del value  # before the next variable is read
     os.replace(tmp, path)
