@@ -156,13 +156,26 @@ def correctness_text(result: dict[str, Any], text: Text) -> None:
                             f"{_num(check['max_abs_diff'])} with MPI's own allreduce order, beyond the tolerance; "
                             f"run again summing the ranks' gradients in rank order, as the allgather path sums "
                             f"them ({again['run']}): max |diff| {_num(again['max_abs_diff'])}, ",
-                            style=None if again["passed"] else "red")
-                text.append("within it: the difference was the summation order's rounding\n" if again["passed"]
-                            else "beyond it too\n", style=None if again["passed"] else "red")
+                            style=None if check["passed"] else "red")
+                text.append(second_look_outcome(check), style=None if check["passed"] else "red")
             if check["passed"] is False:
                 text.append(f"  N={check['world_size']} {check['mode']} vs {check['against']}: "
                             f"max |diff| {_num(check['max_abs_diff'])}, loss rel diff "
                             f"{_num(check['loss_max_rel_diff'])} {check.get('note', '')}\n", style="red")
+
+
+def second_look_outcome(check: dict[str, Any]) -> str:
+    """How a failed parameter check's second look ended (``rank_order``), in words."""
+    again, spread = check["rank_order"], check["rank_order"].get("spread")
+    if again["passed"]:
+        return "within it: the difference was the summation order's rounding\n"
+    if spread is None:
+        return "beyond it too\n"
+    apart = (f"beyond it too; the two runs of {check['mode']}, which differ in the summation order alone, are "
+             f"{_num(spread['max_abs_diff'])} apart")
+    if spread["within"]:
+        return apart + f": the difference from {check['against']} is within that rounding, variable by variable\n"
+    return apart + f", less than from {check['against']}\n"
 
 
 def physics_parts(p: dict[str, Any]) -> list[str]:

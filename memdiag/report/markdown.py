@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memdiag.report.compare import engines_sentence
+from memdiag.report.compare import engines_sentence, second_look_outcome
 from memdiag.report.terminal import common_scope, short_name
 from memdiag.units import format_bytes
 
@@ -58,7 +58,7 @@ def compare_markdown(result: dict[str, Any]) -> str:
             verdict += (f"\n\n- N={check['world_size']} {check['mode']} vs {check['against']}: max abs diff "
                         f"{check['max_abs_diff']:.3g} as run, beyond the tolerance; again with MPI's allreduce in "
                         f"rank order (`{again['run']}`): {again['max_abs_diff']:.3g}, "
-                        + ("within it" if again["passed"] else "beyond it too"))
+                        + second_look_outcome(check).strip())
     for note in c.get("notes", []):  # each backed by the comparison's own measurements (analyze.compare)
         verdict += f"\n\n- {note}"
     return f"## compare sparse-vs-dense: {result['workload']}\n\n{rows}\n\n{growth}\n\n{verdict}\n"

@@ -106,6 +106,9 @@ def test_an_injected_wrong_reduction_fails_the_verification(runs_root):
     # AND the second look, the dense run again with MPI's allreduce in rank order, does not excuse it
     [dense] = [check for check in c["checks"] if check["mode"] == "dense"]
     assert dense["rank_order"]["run"] == "verify-order-n2-dense" and dense["rank_order"]["passed"] is False
+    # nor does the distance between the two dense runs: the re-run is as wrong, so they agree with each other
+    assert dense["rank_order"]["spread"]["within"] is False
+    assert dense["rank_order"]["spread"]["max_abs_diff"] < dense["max_abs_diff"] / 10
     again = read_json(out / "verify-order-n2-dense" / "run.json")
     assert " ".join(again["command"]).count("--mca coll_tuned_allreduce_algorithm 1") == 1
     assert {r["run_dir"].rstrip("/").rsplit("/", 1)[-1] for r in read_json(out / "compare.json")["rows"]} == \

@@ -152,6 +152,30 @@ def test_a_rank_order_run_that_still_differs_keeps_the_check_failed(tmp_path):
     assert check["rank_order"]["passed"] is False and check["rank_order"]["max_rel_diff"] == 1.0
 
 
+def test_a_difference_within_what_the_summation_order_alone_makes_passes_and_one_beyond_it_fails(tmp_path):
+    from memdiag.analyze.compare import correctness
+
+    # GIVEN dense 1e-4 from sparse, and dense again in rank order 2e-4 from sparse and 3e-4 from the
+    # measured dense: the summation order alone moves this job's parameters by 3e-4
+    dirs, summaries = _pair(tmp_path, [0.5001, -0.25, 1.0])
+    again = _run(tmp_path, "verify-order-n4-dense", [0.4998, -0.25, 1.0])
+    # WHEN compared with the second look
+    result = correctness(dirs, summaries, None, order_dirs={(4, "dense"): again})
+    # THEN the rank-order run alone fails, but the difference between modes is within the two dense
+    # runs' own distance: passed, all three figures kept
+    [check] = result["checks"]
+    assert check["rank_order"]["passed"] is False and abs(check["rank_order"]["max_abs_diff"] - 2e-4) < 1e-6
+    assert abs(check["rank_order"]["spread"]["max_abs_diff"] - 3e-4) < 1e-6
+    assert check["rank_order"]["spread"]["within"] is True and check["passed"] is True and result["passed"] is True
+
+    # GIVEN instead a rank-order run 1e-5 from the measured dense (a tenth of the difference between modes)
+    beyond = _run(tmp_path, "verify-order-n4-dense-2", [0.50009, -0.25, 1.0])
+    result = correctness(dirs, summaries, None, order_dirs={(4, "dense"): beyond})
+    # THEN the difference between modes is beyond what the order makes: failed
+    [check] = result["checks"]
+    assert check["rank_order"]["spread"]["within"] is False and check["passed"] is False and result["passed"] is False
+
+
 def test_only_failed_densifying_modes_get_a_rank_order_run_and_equal_parameters_share_one(tmp_path):
     from memdiag.analyze.compare import rank_order_candidates
 
