@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import inspect
 import math
 import os
@@ -143,10 +144,7 @@ class CollectiveHooks:
                     original = getattr(module, attr, None) if module is not None else None
                     if original is None or id(original) in wrapped_of or getattr(original, "__memdiag__", False):
                         continue
-                    # memdiag's code is never converted by autograph when a script's tf.function calls
-                    # it: it builds the same graph as plain Python, and autograph's conversion of its
-                    # closures is neither needed nor reliable (a converted method got its arguments twice).
-                    wrapped: Any = tf.autograph.experimental.do_not_convert(wrap(original))
+                    wrapped: Any = as_called(wrap, original)
                     wrapped.__memdiag__ = True
                     wrapped.__wrapped__ = original
                     wrapped_of[id(original)] = (original, wrapped)
@@ -261,6 +259,8 @@ class CollectiveHooks:
             reduce_op = self._op_name(op)
             set_size = process_set_size(process_set)
 
+            reduce_inner: Callable[..., Any] = inner  # Horovod's reduction, as autograph runs it where called
+
             def allreduce_grads(grads, vars=None, use_generic_names=False):
                 try:
                     prepared = prepare(grads, vars)
@@ -270,7 +270,7 @@ class CollectiveHooks:
                 grads, origins, at_run_time = prepared
                 order = reduction_order(grads, vars, groups)
                 with self._queued([origins[i] for i in order]):
-                    reduced = inner(grads, vars, use_generic_names)
+                    reduced = reduce_inner(grads, vars, use_generic_names)
                 if not at_run_time:
                     return reduced
                 reduced = list(reduced)
@@ -317,7 +317,12 @@ class CollectiveHooks:
                     self._guard("read the initial parameters", self._record_initial)
                 return grads, origins, at_run_time
 
-            return tf.autograph.experimental.do_not_convert(allreduce_grads)
+            def with_inner(inner_as_called: Callable[..., Any]) -> Callable[..., Any]:
+                nonlocal reduce_inner
+                reduce_inner = inner_as_called
+                return allreduce_grads
+
+            return as_called(with_inner, inner)
 
         return make
 
@@ -840,6 +845,51 @@ def _import_keras_frontend() -> None:
     """Horovod's Keras front end, when Keras is there, so that its DistributedOptimizer is hooked too."""
     with contextlib.suppress(Exception):  # no Keras: nothing of it to hook
         import horovod.tensorflow.keras  # noqa: F401
+
+
+def as_called(wrap: Callable[[Callable[..., Any]], Callable[..., Any]],
+              original: Callable[..., Any]) -> Callable[..., Any]:
+    """``wrap(original)``, a memdiag wrapper around Horovod's ``original``, made so that autograph treats
+    each as plain Horovod would be treated.
+
+    memdiag's own code is never converted by autograph when a script's ``tf.function`` calls it: it
+    builds the same graph as plain Python, and converting its closures is neither needed nor reliable
+    (a converted method once got its arguments twice). Horovod's function, though, runs as autograph
+    would have run it at the wrapper's call site: converted where the script's converted code calls
+    it (inside a ``tf.function``), as it is everywhere else. Plain Horovod is converted there, and
+    the conversion is part of the job's first step (about 4.5 s of it on 2 ranks of 2 cores for
+    probes/short_step_script.py): left out, memdiag made the job's first step faster than the job."""
+    from tensorflow.python.autograph.core import ag_ctx
+    from tensorflow.python.autograph.impl.api import _call_unconverted, autograph_artifact
+
+    caller = threading.local()  # the autograph status where the wrapper was called
+
+    @functools.wraps(original)
+    def original_as_called(*args: Any, **kwargs: Any) -> Any:
+        ctx = getattr(caller, "ctx", None)
+        if ctx is None or ctx.status != ag_ctx.Status.ENABLED:
+            return original(*args, **kwargs)
+        # in the caller's status again (memdiag's wrapper ran with autograph off): a function autograph
+        # converted already (a closure made by converted code) runs its conversions only then
+        with ag_ctx.ControlStatusCtx(status=ctx.status, options=ctx.options):
+            return tf.__internal__.autograph.tf_convert(original, ctx)(*args, **kwargs)
+
+    inner = tf.autograph.experimental.do_not_convert(wrap(original_as_called))
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        previous = getattr(caller, "ctx", None)
+        # autograph converts what converted code calls (through converted_call, which calls an artifact
+        # as it is), not what plain code calls while the status says enabled (a constructor's body)
+        through_autograph = sys._getframe(1).f_code is _call_unconverted.__code__
+        caller.ctx = tf.__internal__.autograph.control_status_ctx() if through_autograph else None
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            caller.ctx = previous
+
+    # an autograph artifact: called unconverted, in the caller's status (do_not_convert would hide it)
+    return autograph_artifact(wrapper)
 
 
 def _signature(function: Callable) -> inspect.Signature | None:

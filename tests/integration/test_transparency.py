@@ -113,3 +113,35 @@ def test_a_tf1_graph_scripts_embedding_allgather_is_named_and_sized_by_the_formu
     assert dense == {"head/kernel:0", "head/bias:0"}
     finals = [r for r in read_records(out / "rank-0.jsonl") if r["type"] == "params_final"]
     assert finals and finals[0]["variables"] == 3 and finals[0]["digest"]
+
+
+AUTOGRAPH_VERBOSE = '''
+import runpy, sys
+import tensorflow as tf
+tf.autograph.set_verbosity(3, alsologtostdout=True)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+# autograph's word for a function it converts (not one it calls as it is: an artifact, TensorFlow's own)
+CONVERTED = re.compile(r"^Not allowed: (<(?:function|bound method) [^ >]+)[^\n]*: default rule$", re.M)
+
+
+def test_autograph_converts_horovods_functions_under_memdiag_as_under_plain_mpirun(runs_root, tmp_path):
+    # GIVEN a tf.function step calling Horovod's DistributedGradientTape, with autograph saying what it converts
+    script = tmp_path / "verbose_autograph.py"
+    script.write_text(AUTOGRAPH_VERBOSE)
+    target = [str(ROOT / "examples" / "user_tape_function.py"), "--steps", "1"]
+    plain = plain_mpirun(script, target, tmp_path / "timeline.json")
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    out = runs_root / "autograph-verbose"
+    under = memdiag("run", str(script), "-n", "2", "--out", str(out), "--", *target)
+    assert under.returncode == 0, under.stdout + under.stderr
+
+    def horovods(text: str) -> set[str]:
+        return {c for c in CONVERTED.findall(text) if "horovod" in c.lower() or c.startswith("<function _")}
+
+    # THEN autograph converted the same Horovod functions (the conversion is part of the job's first step:
+    # about 4.5 s of a short-step script's), though memdiag's own wrappers stand between
+    converted = horovods(plain.stdout)
+    assert {"<function _allreduce_cond", "<function horovod_allreduce"} <= converted
+    assert horovods((out / "mpirun.log").read_text()) == converted
