@@ -9,7 +9,9 @@ Two embedding tables whose gradients Horovod receives as IndexedSlices:
 
 Both are read by a small dense scorer. The step is a `tf.function` by default (`--eager` runs it
 eagerly), the optimizer Keras's Adam (`--optimizer sgd` for SGD with momentum), and with `--uneven`
-rank r takes (1 + r) / 2 times the users of rank 0 (rows unequal across ranks). Rank 0 prints the loss
+rank r takes (1 + r) / 2 times the users of rank 0 (rows unequal across ranks). With `--reduce-by-hand` the
+script makes auto's per-tensor choice itself, with no DistributedGradientTape (words densified and
+allreduced, items allgathered): what that choice costs without memdiag's run-time switch. Rank 0 prints the loss
 per step and a digest of the parameters at the end, as the project's example scripts do.
 
     mpirun --allow-run-as-root --oversubscribe --bind-to none -np 4 .venv/bin/python probes/recommender_script.py
@@ -37,6 +39,9 @@ def main() -> None:
     parser.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
     parser.add_argument("--eager", action="store_true")
     parser.add_argument("--uneven", action="store_true")
+    parser.add_argument("--reduce-by-hand", action="store_true",
+                        help="no DistributedGradientTape: the words' gradient densified and allreduced, the "
+                             "items' allgathered (hvd.allreduce of its IndexedSlices), the rest allreduced")
     args = parser.parse_args()
 
     hvd.init()
@@ -59,9 +64,13 @@ def main() -> None:
             features = tf.concat([tf.reduce_mean(words(history), axis=1), tf.reduce_mean(items(basket), axis=1)], 1)
             logits = scorer(features)[:, 0]
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=clicked, logits=logits))
-        tape = hvd.DistributedGradientTape(tape)
         variables = trainable()
-        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        if args.reduce_by_hand:
+            grads = tape.gradient(loss, variables)
+            grads = [hvd.allreduce(tf.convert_to_tensor(g) if v is words.embeddings else g) for g, v in zip(grads, variables)]
+        else:
+            grads = hvd.DistributedGradientTape(tape).gradient(loss, variables)
+        optimizer.apply_gradients(zip(grads, variables))
         return loss
 
     train_step = step if args.eager else tf.function(step)
