@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from memdiag.formula import SparseGradientShape
+from memdiag.graphcalls import host_call
 from memdiag.policy import Decision, decide
 
 UNKNOWN_ROWS = -1
@@ -204,7 +205,7 @@ class DensifyPolicy:
                                   self.margin, script_densifies).densify
 
         def decide_now(local: Any, agreed: Any) -> Any:
-            mine, most = local.numpy().tolist(), agreed.numpy().tolist()
+            mine, most = np.asarray(local).tolist(), np.asarray(agreed).tolist()
             decision = self.decide_rows(name, shape, mine[0], most[0], script_densifies, world, mine[1], most[1],
                                         dense_output=dense_output)
             return np.int64(REDUCTIONS.index(decision.reduction))
@@ -214,7 +215,7 @@ class DensifyPolicy:
                              tf.cast(distinct_rows(grad.indices), tf.int64)])
             agreed = horovod_op("_allreduce")(rows, op=hvd.Max, process_set=process_set or hvd.global_process_set,
                                               name="memdiag_agree_" + re.sub(r"[^A-Za-z0-9_.]", "_", name))
-            chosen = tf.py_function(decide_now, [rows, agreed], Tout=tf.int64, name="memdiag_decide")
+            chosen = host_call(decide_now, [rows, agreed], Tout=tf.int64, name="memdiag_decide")
             chosen.set_shape([])
             return flag.assign(chosen, read_value=True)
 

@@ -32,16 +32,20 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework.func_graph import FuncGraph
 
+from memdiag import graphcalls
 from memdiag.agent import parameters
 from memdiag.agent.parameters import ParameterCapture
 from memdiag.densify import DensifyPolicy, distinct_rows, process_set_size
+from memdiag.graphcalls import host_call
 from memdiag.policy import Decision
 from memdiag.rounding import gamma
 
@@ -107,6 +111,8 @@ class CollectiveHooks:
         # memdiag's own failures inside a hook, by what failed: counted and reported, never raised
         self.failures: collections.Counter[str] = collections.Counter()
         self._lock: Any = threading.Lock()
+        # per graph being built: how many unnamed collectives of each call site and shape it holds
+        self._occurrences: weakref.WeakKeyDictionary[Any, collections.Counter[str]] = weakref.WeakKeyDictionary()
 
     # -- installation -------------------------------------------------------------------------
     def install(self) -> None:
@@ -132,6 +138,7 @@ class CollectiveHooks:
                    "_grouped_reducescatter": self._wrap_grouped_op("reducescatter")},
         }
         self._plain_allreduce = hvd.allreduce
+        self._originals += graphcalls.install()  # memdiag's records order nothing in the job's graph
         _import_keras_frontend()
         # The functions are defined in these modules; anything else that holds one got it by import.
         homes = {"constructors": ("horovod.tensorflow", "horovod.tensorflow.keras"),
@@ -353,11 +360,11 @@ class CollectiveHooks:
                                 time.perf_counter() - start)
             return merged
         with tf.control_dependencies([grad.values, grad.indices]):
-            start = tf.py_function(_now, [], Tout=tf.float64, name="memdiag_merge_start")
+            start = host_call(_now, [], Tout=tf.float64, name="memdiag_merge_start")
         with tf.control_dependencies([start]):
             merged = self.policy.merge(grad)
         with tf.control_dependencies([merged.values, merged.indices]):
-            end = tf.py_function(_now, [], Tout=tf.float64, name="memdiag_merge_end")
+            end = host_call(_now, [], Tout=tf.float64, name="memdiag_merge_end")
         rows = tf.shape(grad.indices, out_type=tf.int64)[0]
         distinct = tf.shape(merged.indices, out_type=tf.int64)[0]
 
@@ -366,7 +373,7 @@ class CollectiveHooks:
             return []
 
         with tf.control_dependencies([end]):
-            tf.py_function(emit, [rows, distinct, start, end], Tout=[], name="memdiag_distinct_rows")
+            host_call(emit, [rows, distinct, start, end], name="memdiag_distinct_rows")
         return merged
 
     def _record_distinct(self, name: str, grad: tf.IndexedSlices) -> None:
@@ -379,8 +386,8 @@ class CollectiveHooks:
             self._guard("record distinct rows", lambda: self._emit_distinct(name, int(t), int(u), None))
             return []
 
-        tf.py_function(emit, [tf.shape(grad.indices, out_type=tf.int64)[0], distinct_rows(grad.indices)],
-                       Tout=[], name="memdiag_distinct_rows")
+        host_call(emit, [tf.shape(grad.indices, out_type=tf.int64)[0], distinct_rows(grad.indices)],
+                  name="memdiag_distinct_rows")
 
     def _emit_distinct(self, name: str, rows: int, distinct: int, merge_s: float | None) -> None:
         self.tracer.writer.add({"type": "distinct_rows", "step": self.tracer.step, "name": name, "rows": rows,
@@ -540,15 +547,15 @@ class CollectiveHooks:
             return rows, elsewhere
 
         def emit(a, b, elsewhere, n, total, against):
-            a, b, n = a.numpy().astype("float64"), b.numpy().astype("float64"), n.numpy()
-            total = total.numpy().astype("float64") / np.maximum(1 - gamma(n, unit), unit).reshape((-1,) + (1,) * (a.ndim - 1))
+            a, b, n = np.asarray(a, "float64"), np.asarray(b, "float64"), np.asarray(n)
+            total = np.asarray(total, "float64") / np.maximum(1 - gamma(n, unit), unit).reshape((-1,) + (1,) * (a.ndim - 1))
             diff = abs(a - b)
             scale = float(abs(a).max(initial=0.0))
             record = {**base, "step": self.tracer.step, "against": against,
                       "max_abs_diff": float(diff.max(initial=0.0)), "scale": scale,
                       "max_rel_diff": float(diff.max(initial=0.0)) / scale if scale else 0.0,
                       "rows_compared": int(a.shape[0])}
-            outside = int(elsewhere.numpy())
+            outside = int(np.asarray(elsewhere))
             if outside:
                 # Elements no rank looked up, yet nonzero in this reduction: no summation order explains it.
                 record.update(max_abs_diff=float("inf"), max_rel_diff=float("inf"), nonzero_elsewhere=outside)
@@ -564,9 +571,8 @@ class CollectiveHooks:
             if tf.executing_eagerly():
                 emit(gathered, rows, elsewhere, terms, magnitude, against)
             else:
-                tf.py_function(lambda a, b, e, n, total, against=against: emit(a, b, e, n, total, against),
-                               [gathered, rows, elsewhere, terms, magnitude], Tout=[],
-                               name="memdiag_reduction_check")
+                host_call(lambda a, b, e, n, total, against=against: emit(a, b, e, n, total, against),
+                          [gathered, rows, elsewhere, terms, magnitude], name="memdiag_reduction_check")
 
     # -- op level ---------------------------------------------------------------------------------
     def _wrap_op(self, op: str) -> Callable[[Callable], Callable]:
@@ -685,21 +691,39 @@ class CollectiveHooks:
             shape = "x".join("?" if d is None else str(d) for d in tensor.shape.as_list()) \
                 if tensor.shape.rank is not None else "?"
             name = f"{op}@{_call_site()}[{shape}]"
+            if not tf.executing_eagerly():
+                name = self._occurrence(name)
         return Origin(name, reduce_op=reduce_op, process_set_size=process_set_size(process_set))
+
+    def _occurrence(self, name: str) -> str:
+        """An unnamed collective built into a graph, numbered by its occurrence among those of the same
+        call site and shape in that graph (a loop over same-shaped tensors, a helper called twice): the
+        second is ``name#2``. A graph's collectives start in no fixed order, and each step's are told
+        apart by name (memdiag.agent.tracer); the numbers are the same on every step and every rank,
+        since every rank builds the same graph."""
+        graph: Any = tf.compat.v1.get_default_graph()
+        while isinstance(getattr(graph, "outer_graph", None), FuncGraph):
+            graph = graph.outer_graph  # a cond's or a loop's branch: counted in the function around it
+        with self._lock:
+            counts = self._occurrences.setdefault(graph, collections.Counter())
+            counts[name] += 1
+            count = counts[name]
+        return name if count == 1 else f"{name}#{count}"
 
     def _begin(self, op: str, items: list[tuple[Origin, Any]]) -> list[Any]:
         """Tell the tracer collectives are starting, with the bytes each will receive; in a graph,
         the returned ops must run before the collective (a control dependency)."""
         metas = [self._meta(op, origin, tensor, grouped=len(items) > 1) for origin, tensor in items]
         world_size = self.world_size()
+        in_graph = not tf.executing_eagerly()
 
         def begin(*shapes) -> list:
             try:
                 for meta, shape_in in zip(metas, shapes):
-                    shape = [int(d) for d in (shape_in.numpy() if hasattr(shape_in, "numpy") else shape_in)]
+                    shape = [int(d) for d in np.asarray(shape_in)]
                     ranks = meta["process_set_size"] or world_size
                     expected = math.prod(shape) * meta["itemsize"] * (ranks if op == "allgather" else 1)
-                    self.tracer.begin_collective(meta, expected)
+                    self.tracer.begin_collective(meta, expected, in_graph=in_graph)
             except Exception as exc:  # noqa: BLE001 - runs inside the job's step: never raises into it
                 self._failed(f"mark an {op}'s start", exc)
             return []
@@ -708,7 +732,7 @@ class CollectiveHooks:
             begin(*[tensor.shape for _, tensor in items])
             return []
         shapes = [tf.shape(tensor, out_type=tf.int64) for _, tensor in items]
-        return [tf.py_function(begin, shapes, Tout=[], name="memdiag_begin")]
+        return [host_call(begin, shapes, name="memdiag_begin")]
 
     def _meta(self, op: str, origin: Origin, tensor: Any, grouped: bool) -> dict[str, Any]:
         dtype = tf.as_dtype(tensor.dtype)
@@ -738,7 +762,7 @@ class CollectiveHooks:
 
         def emit(shape_in, shape_out):
             try:
-                record(meta, shape_in.numpy().tolist(), shape_out.numpy().tolist())
+                record(meta, np.asarray(shape_in).tolist(), np.asarray(shape_out).tolist())
             except Exception as exc:  # noqa: BLE001 - runs inside the job's step: never raises into it
                 self._failed(f"record an {op}", exc)
             return []
@@ -747,7 +771,7 @@ class CollectiveHooks:
         # the control dependency makes it wait for the output, so `t` is the completion time.
         with tf.control_dependencies([output]):
             shapes = [tf.shape(tensor, out_type=tf.int64), tf.shape(output, out_type=tf.int64)]
-            marked = tf.py_function(emit, shapes, Tout=[], name="memdiag_record")
+            marked = host_call(emit, shapes, name="memdiag_record")
         return _after(output, marked)
 
     @contextlib.contextmanager

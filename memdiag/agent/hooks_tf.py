@@ -44,9 +44,11 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from memdiag import graphcalls
 from memdiag.agent.hooks import CollectiveHooks, Origin, _call_site, _static_shape, _var_name
 from memdiag.densify import UNKNOWN_ROWS, row_shape, sparse_shape
 from memdiag.formula import SparseGradientShape, padding_bytes
+from memdiag.graphcalls import host_call
 from memdiag.policy import Decision, decide
 from memdiag.units import format_bytes
 from memdiag.workloads.loop import variable_name
@@ -120,6 +122,7 @@ class StrategyHooks(CollectiveHooks):
             (cops, "all_gather_v2", self._wrap_collective("allgather")),
             (cops, "all_reduce_v2", self._wrap_collective("allreduce")),
         ]
+        self._originals += graphcalls.install()  # memdiag's records order nothing in the job's graph
         for owner, attr, wrap in table:
             original = getattr(owner, attr)
             if getattr(original, "__memdiag__", False):
@@ -365,14 +368,14 @@ class StrategyHooks(CollectiveHooks):
             def choose(rows: Any, name: str = name, shape: SparseGradientShape = shape) -> Any:
                 known = self.policy.decisions.get(name)
                 if known is None:
-                    local = int(rows.numpy())
+                    local = int(np.asarray(rows))
                     decision = self._decision(name, replace(shape, rows_per_rank=local), local,
                                               self.agree_rows(local), world, "; rows measured when the first step ran")
                     known = self._keep(decision)
                 return np.int32(1 if known.densify else 0)
 
-            choice = tf.py_function(choose, [tf.shape(grad.values, out_type=tf.int64)[0]], Tout=tf.int32,
-                                    name="memdiag_decide")
+            choice = host_call(choose, [tf.shape(grad.values, out_type=tf.int64)[0]], Tout=tf.int32,
+                               name="memdiag_decide")
             choice.set_shape([])
             results[i] = tf.cond(tf.equal(choice, 1),
                                  lambda grad=grad, name=name: self._reduce_one(original, cross_device_ops, reduce_op,
@@ -544,13 +547,13 @@ class StrategyHooks(CollectiveHooks):
             return output
 
         def emit(shape_in, shape_out, *extras):
-            s_in, s_out = shape_in.numpy().tolist(), shape_out.numpy().tolist()
-            record(meta, s_in, s_out, fields(s_in, s_out, [int(e.numpy()) for e in extras]))
-            return 0
+            s_in, s_out = np.asarray(shape_in).tolist(), np.asarray(shape_out).tolist()
+            record(meta, s_in, s_out, fields(s_in, s_out, [int(np.asarray(e)) for e in extras]))
+            return np.int32(0)
 
         with tf.control_dependencies([output]):
             inputs = [tf.shape(tensor, out_type=tf.int64), tf.shape(output, out_type=tf.int64), *(extra or [])]
-            done = tf.py_function(emit, inputs, Tout=tf.int32, name="memdiag_record")
+            done = host_call(emit, inputs, Tout=tf.int32, name="memdiag_record")
         with tf.control_dependencies([done]):
             return tf.identity(output)
 

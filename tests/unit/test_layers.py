@@ -22,7 +22,7 @@ LAYERS = [
     "ports", "agentconfig",
     "collect",
     "analyze",
-    "densify", "workloads", "doctor", "agent", "tensorflow",
+    "graphcalls", "densify", "workloads", "doctor", "agent", "tensorflow",
     "report",
     "launch",
     "commands",

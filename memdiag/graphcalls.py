@@ -1,0 +1,110 @@
+"""memdiag's Python calls inside a job's graph, made so that they do not order the graph.
+
+A record of a collective is written by a Python call (``tf.numpy_function``) that runs where the graph
+reaches it (before the collective, and after it with its run-time shapes). Such an op is stateful, and inside a
+``tf.function`` TensorFlow's automatic control dependencies run the stateful ops that use no resource
+one after another, in the order they were built; a ``tf.cond`` branch holding one becomes a stateful
+``If`` and is ordered the same way. Horovod's own ops are stateless, and each gradient's all-reduce
+sits in a ``tf.cond`` of its own (``_allreduce_cond``), so under plain Horovod the all-reduces of a
+step start as their gradients are ready and Horovod fuses those that meet in a cycle. With ordered
+records, each all-reduce waited for the previous one's record, that is for its completion: one
+collective per cycle, no fusion, and a job that is not the one written
+(tests/unit/test_graph_order.py; on probes/short_step_script.py the Horovod timeline showed five
+all-reduces in five cycles against two or three cycles under plain mpirun).
+
+So every such op is marked (:data:`MARK`) and, while memdiag is installed, each automatic-control-
+dependencies scope lets marked ops, and control flow whose only stateful ops are marked, run
+independently (``AutomaticControlDependencies.run_independently``: they still run on every call of
+the function, in no order with the rest). A stateless op would not be ordered either, but TensorFlow's
+graph optimizer drops one that nothing consumes from a ``tf.cond`` branch, and folds it into a constant
+where its inputs are static shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+MARK = "_memdiag_host_call"
+
+
+def host_call(function: Callable[..., Any], inputs: Sequence[Any], name: str, Tout: Any = ()) -> Any:  # noqa: N803
+    """``function`` called with ``inputs`` as numpy arrays where the graph reaches this op: a stateful
+    ``tf.numpy_function`` (cheaper than ``tf.py_function``: no eager tensors are made for it), marked as
+    memdiag's own so that it orders nothing while :func:`install` is in force. Returns its outputs, or
+    with no ``Tout`` the op itself."""
+    graph = tf.compat.v1.get_default_graph()
+    result = tf.numpy_function(function, list(inputs), Tout=list(Tout) if isinstance(Tout, (list, tuple)) else Tout,
+                               stateful=True, name=name)
+    if isinstance(result, tf.Tensor):
+        op = result.op
+    elif isinstance(result, (list, tuple)) and result and isinstance(result[0], tf.Tensor):
+        op = result[0].op
+    else:  # no outputs: the op just made
+        op = result = graph.get_operations()[-1]
+    _mark(op)
+    return result
+
+
+def _mark(op: Any) -> None:
+    from tensorflow.core.framework import attr_value_pb2
+
+    op._set_attr(MARK, attr_value_pb2.AttrValue(b=True))
+
+
+def _marked(op: Any) -> bool:
+    try:
+        return bool(op.get_attr(MARK))
+    except ValueError:
+        return False
+
+
+def _branches(op: Any) -> list[Any] | None:
+    """The function graphs of a functional control-flow op (If, Case, While), or None."""
+    graphs = [getattr(op, attr, None) for attr in ("_true_graph", "_false_graph", "_cond_graph", "_body_graph")]
+    graphs += list(getattr(op, "_branch_graphs", None) or [])
+    found = [g for g in graphs if g is not None]
+    return found or None
+
+
+def _only_marked_effects(op: Any) -> bool:
+    """Whether ``op`` is stateful only through memdiag's host calls: one itself, or control flow whose
+    branches hold no other stateful op (inner control flow was judged, and marked, when its own scope
+    ended)."""
+    if _marked(op):
+        return True
+    if not op._is_stateful:
+        return False
+    branches = _branches(op)
+    if branches is None:
+        return False
+    stateful = [o for g in branches for o in g.get_operations() if o._is_stateful]
+    return bool(stateful) and all(_marked(o) for o in stateful)
+
+
+def install() -> list[tuple[Any, str, Any]]:
+    """Let every automatic-control-dependencies scope run memdiag's host calls independently (see the
+    module's text); returns what was replaced, as (owner, attribute, original), for the caller to put
+    back."""
+    from tensorflow.python.framework import auto_control_deps
+
+    manager = auto_control_deps.AutomaticControlDependencies
+    original = manager.__exit__
+    if getattr(original, "__memdiag__", False):
+        return []
+
+    def __exit__(self: Any, *exc: Any) -> Any:  # noqa: N807 - the context manager's own method
+        graph = getattr(self, "_graph", None)
+        if graph is not None and not tf.executing_eagerly():
+            for op in graph.get_operations()[self._n_operations:]:
+                if _only_marked_effects(op):
+                    if not _marked(op):
+                        _mark(op)  # control flow: the scope around it judges it as a host call
+                    self.run_independently(op)
+        return original(self, *exc)
+
+    __exit__.__memdiag__ = True  # type: ignore[attr-defined]
+    manager.__exit__ = __exit__
+    return [(manager, "__exit__", original)]
