@@ -14,10 +14,13 @@ inside a step (:meth:`Tracer.own_work`) is cut out of it; each such span is writ
 record with its own peak.
 
 A user's script is not changed, so its steps are found from the collectives themselves: the first
-gradient reduction to start is the anchor, and each time it starts again a new step begins (a script
-that reduces no gradient through Horovod's gradient functions is stepped by its first collective that
-is not a broadcast). What comes
-before the first anchor (initial broadcasts, model building) is the set-up step, -1.
+gradient reduction to start is the anchor (a script that reduces no gradient through Horovod's gradient
+functions is stepped by its first collective that is not a broadcast). Called eagerly, collectives start
+in the script's order, and a new step begins each time the anchor starts again. Inside a graph they
+start as their inputs are ready, in no fixed order (memdiag.graphcalls): there a new step begins when a
+collective of the anchor's kind starts that has started already in the current step, whichever it is
+(a graph names each collective once: memdiag.agent.hooks numbers unnamed ones from one call site). What
+comes before the first anchor (initial broadcasts, model building) is the set-up step, -1.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ class Tracer:
         self._lock = threading.RLock()
         self._anchor: tuple[Any, ...] | None = None
         self._anchor_is_gradient = False
+        self._started: set[tuple[Any, ...]] = set()  # collectives of the anchor's kind started this step
         self._pending: dict[tuple[Any, ...], dict[str, Any]] = {}  # collectives started, not yet completed
         self._received: list[dict[str, Any]] = []  # collectives completed in the current step
         self._reported_waits: set[tuple[Any, ...]] = set()
@@ -234,10 +238,12 @@ class Tracer:
         (memdiag.analyze.model.MemoryModel.held_bytes)."""
         return self._live_bytes + max(self._gathered.values(), default=0) + self._quotient_bytes
 
-    def begin_collective(self, meta: dict[str, Any], expected_bytes_out: int) -> None:
+    def begin_collective(self, meta: dict[str, Any], expected_bytes_out: int, in_graph: bool = False) -> None:
+        """A collective starts (``in_graph``: marked from inside a graph, where collectives start in no
+        fixed order)."""
         with self._lock:
             if self.auto_steps:
-                self._advance_auto_step(meta)
+                self._advance_auto_step(meta, in_graph)
             if meta.get("gradient") and self._window[0] is None:
                 self._window[0] = time.time()
             key = (meta["op"], meta["name"], meta.get("part"))
@@ -274,7 +280,7 @@ class Tracer:
         with self._lock:
             return sorted(self._received, key=lambda r: -r["bytes_out"])[:count]
 
-    def _advance_auto_step(self, meta: dict[str, Any]) -> None:
+    def _advance_auto_step(self, meta: dict[str, Any], in_graph: bool) -> None:
         if meta["op"] == "broadcast":
             return  # the initial broadcast is set-up, never a step
         key = (meta["op"], meta["name"], meta.get("part"))
@@ -283,13 +289,18 @@ class Tracer:
             # A script whose first collective was its own (a metric, SyncBatchNorm's statistics):
             # the first gradient reduction takes over as the anchor, within the current step.
             self._anchor, self._anchor_is_gradient = key, True
+            self._started = {key}
             return
         if self._anchor is None:
             self._anchor, self._anchor_is_gradient = key, gradient
-        elif key != self._anchor:
+        elif self._anchor_is_gradient and not gradient:
+            return  # not of the anchor's kind
+        elif (key not in self._started) if in_graph else (key != self._anchor):
+            self._started.add(key)
             return
         self.end_step()
         self.begin_step(self.step + 1)
+        self._started = {key}
 
 
 def quotient_bytes(meta: dict[str, Any], bytes_out: int) -> int:
