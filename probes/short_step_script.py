@@ -9,6 +9,7 @@ where a run's time goes under plain mpirun and under ``memdiag run``::
     phase script_start T      first line of the script, before TensorFlow is imported
     phase init T              after hvd.init()
     phase first_step T        when the first step starts
+    phase first_step_end T    when the first step (which traces the graph) has ended
     phase last_step_end T     when the last step has ended (its loss read)
     phase script_end T        the script's last line
 
@@ -73,6 +74,8 @@ def main() -> None:
         loss = float(train_step(tokens, labels, tf.constant(step == 0)))
         if step in (0, args.steps - 1) and hvd.rank() == 0:
             print(f"step {step} loss {loss:.6f}", flush=True)
+        if step == 0:
+            phase("first_step_end")
     phase("last_step_end")
     phase("script_end")
 

@@ -1,0 +1,137 @@
+"""memdiag's per-step cost split into its parts, measured in one process (no MPI, little noise).
+
+A ``tf.function`` step holding K stand-ins for collectives (an identity of a small tensor each, where
+Horovod's op would be) is called many times in a row, built four ways:
+
+    bare        no memdiag
+    marks       memdiag's two Python calls per collective (memdiag.graphcalls), into a tracer that
+                does nothing: the cost of calling Python from the graph
+    tracer      the same calls into a real Tracer: collective records, a step found from the
+                collectives (the script's case), its record written and flushed with the high-water
+                mark read and reset, as in a rank
+    + sampler   the same with the memory sampler thread running (every 5 ms, as in a rank)
+
+and the median time per call (over --repeats blocks of --calls calls) is printed with the difference
+from the row before: what each part adds to a step of K collectives, and that as a share of a 50 ms
+step (issue: under 1 % at 50 ms steps)::
+
+    .venv/bin/python probes/step_cost.py [--collectives 5 38] [--calls 300] [--repeats 5]
+
+The stand-in collectives cost nothing, so the figures are memdiag's own time on the step's path; a
+real step also shares the cores with the sampler's thread and Horovod's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from memdiag.agent.hooks import CollectiveHooks, Origin  # noqa: E402
+from memdiag.agent.records import RecordWriter  # noqa: E402
+from memdiag.agent.sampler import MemorySampler  # noqa: E402
+from memdiag.agent.tracer import Tracer  # noqa: E402
+from memdiag.graphcalls import install  # noqa: E402
+
+
+class _IdleWriter:
+    def add(self, record: dict) -> None:
+        pass
+
+
+class _IdleTracer:
+    """Takes every call a rank's tracer takes and does nothing."""
+
+    step = 0
+    writer = _IdleWriter()
+
+    def begin_collective(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def collective(self, *args: object, **kwargs: object) -> None:
+        pass
+
+
+def build(collectives: int, hooks: CollectiveHooks | None):
+    @tf.function
+    def step(x):
+        outputs = []
+        for i in range(collectives):
+            tensor = x + float(i)
+            if hooks is None:
+                outputs.append(tf.identity(tensor))
+                continue
+            origin = Origin(f"grad_{i}", gradient=True, reduce_op="average")
+            marks = hooks._begin("allreduce", [(origin, tensor)])
+            with tf.control_dependencies(marks):
+                output = tf.identity(tensor)  # where Horovod's all-reduce would be
+            outputs.append(hooks._record("allreduce", origin, tensor, output, grouped=False))
+        return tf.add_n(outputs)
+
+    return step
+
+
+def per_call(step, calls: int, repeats: int) -> float:
+    x = tf.ones([256])
+    for _ in range(20):
+        step(x)
+    blocks = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            step(x)
+        blocks.append((time.perf_counter() - start) / calls)
+    return statistics.median(blocks)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--collectives", type=int, nargs="+", default=[5, 38])
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    install()
+    print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}; median of {args.repeats} blocks "
+          f"of {args.calls} calls")
+    with tempfile.TemporaryDirectory(prefix="memdiag-step-cost-") as tmp:
+        for k in args.collectives:
+            rows: list[tuple[str, float]] = []
+            rows.append(("bare", per_call(build(k, None), args.calls, args.repeats)))
+            idle = CollectiveHooks(_IdleTracer(), "as-written", 1.0, lambda: 2, lambda d: None)
+            rows.append(("marks", per_call(build(k, idle), args.calls, args.repeats)))
+            sampler = MemorySampler(0.005)
+            writer = RecordWriter(os.path.join(tmp, f"rank-{k}.jsonl"), 0)
+            tracer = Tracer(writer, sampler, rank=0, auto_steps=True)
+            real = CollectiveHooks(tracer, "as-written", 1.0, lambda: 2, lambda d: None)
+            rows.append(("tracer", per_call(build(k, real), args.calls, args.repeats)))
+            sampler.start()
+            try:
+                rows.append(("+ sampler", per_call(build(k, real), args.calls, args.repeats)))
+            finally:
+                sampler.stop()
+                writer.close()
+            print(f"\n{k} collectives a step ({tracer.step + 1} steps recorded by the tracer)")
+            print(f"  {'built':10s} {'per step':>10s} {'adds':>10s} {'per collective':>15s} {'of a 50 ms step':>16s}")
+            previous = None
+            for name, seconds in rows:
+                adds = seconds - previous if previous is not None else None
+                cells = (f"{adds * 1e6:+8.0f} us {adds * 1e6 / k:+12.1f} us {100 * adds / 0.05:+15.2f}%"
+                         if adds is not None else "")
+                print(f"  {name:10s} {seconds * 1e6:8.0f} us {cells}")
+                previous = seconds
+            total = rows[-1][1] - rows[0][1]
+            print(f"  memdiag in all: {total * 1e6:.0f} us a step, {100 * total / 0.05:.2f}% of a 50 ms step")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
