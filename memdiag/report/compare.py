@@ -164,15 +164,16 @@ def correctness_text(result: dict[str, Any], text: Text) -> None:
                             f"{_num(check['loss_max_rel_diff'])} {check.get('note', '')}\n", style="red")
 
 
-def second_look_outcome(check: dict[str, Any]) -> str:
-    """How a failed parameter check's second look ended (``rank_order``), in words."""
+def second_look_outcome(check: dict[str, Any], runs: str | None = None) -> str:
+    """How a failed parameter check's second look ended (``rank_order``), in words; ``runs``: what the
+    two runs of the spread are (the mode's, unless said)."""
     again, spread = check["rank_order"], check["rank_order"].get("spread")
     if again["passed"]:
         return "within it: the difference was the summation order's rounding\n"
     if spread is None:
         return "beyond it too\n"
-    apart = (f"beyond it too; the two runs of {check['mode']}, which differ in the summation order alone, are "
-             f"{_num(spread['max_abs_diff'])} apart")
+    runs = runs or f"the two runs of {check['mode']}"
+    apart = f"beyond it too; {runs}, which differ in the summation order alone, are {_num(spread['max_abs_diff'])} apart"
     if spread["within"]:
         return apart + f": the difference from {check['against']} is within that rounding, variable by variable\n"
     return apart + f", less than from {check['against']}\n"
@@ -397,8 +398,9 @@ def engines_details(result: dict[str, Any]) -> Text:
                             f"against {check['against_engine']}'s run, beyond the tolerance; against its run again "
                             f"with MPI's allreduce in rank order ({again['run']}): max |diff| "
                             f"{_num(again['max_abs_diff'])}, "
-                            + ("within it: the summation order's rounding\n" if again["passed"] else "beyond it too\n"),
-                            style=None if again["passed"] else "red")
+                            + second_look_outcome({**check, "against": f"{check['against_engine']}'s run"},
+                                                  runs=f"{check['against_engine']}'s two runs"),
+                            style=None if check["passed"] else "red")
             if check["passed"] is False:
                 text.append(f"  N={check['world_size']} {check['mode']}: max |diff| {_num(check['max_abs_diff'])} "
                             f"in {check.get('worst_variable')}, loss rel diff {_num(check['loss_max_rel_diff'])}\n",

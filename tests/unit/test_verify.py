@@ -210,3 +210,28 @@ def test_across_engines_a_failed_pair_is_compared_again_with_the_references_rank
     assert looked["passed"] is True and looked["as_run_passed"] is False
     assert abs(looked["max_abs_diff"] - 1e-4) < 1e-6 and looked["rank_order"]["max_abs_diff"] < 1e-7
     assert looked["rank_order"]["run"] == "verify-order-n4-dense"
+
+
+def test_across_engines_a_pair_within_the_references_own_rounding_spread_passes_and_one_beyond_fails(tmp_path):
+    from memdiag.analyze.compare import across_engines
+    from memdiag.report.compare import second_look_outcome
+
+    # GIVEN Horovod dense and MWMS dense 1e-4 apart; Horovod's dense again in rank order 2e-4 from MWMS's
+    # and 3e-4 from Horovod's own measured run: the summation order alone moves Horovod's run by 3e-4
+    runs = {"horovod": {(4, "dense"): _run(tmp_path, "h", [0.5, -0.25, 1.0])},
+            "tf-distribute": {(4, "dense"): _run(tmp_path, "t", [0.5001, -0.25, 1.0])}}
+    summaries = {e: {k: json.loads(Path(p, "summary.json").read_text()) for k, p in d.items()} for e, d in runs.items()}
+    within = _run(tmp_path, "verify-order-n4-dense", [0.4997, -0.25, 1.0])
+    # WHEN compared with the second look
+    [check] = across_engines(["horovod", "tf-distribute"], runs, summaries, {(4, "dense"): within})
+    # THEN the rank-order run alone fails, the pair is within Horovod's own two runs' distance: passed
+    assert check["rank_order"]["passed"] is False and abs(check["rank_order"]["spread"]["max_abs_diff"] - 3e-4) < 1e-6
+    assert check["rank_order"]["spread"]["within"] is True and check["passed"] is True
+    words = second_look_outcome({**check, "against": "horovod's run"}, runs="horovod's two runs")
+    assert "horovod's two runs" in words and "within that rounding" in words
+
+    # GIVEN instead a rank-order run 1e-5 from Horovod's measured one (a tenth of the gap between engines)
+    beyond = _run(tmp_path, "verify-order-n4-dense-2", [0.49999, -0.25, 1.0])
+    [check] = across_engines(["horovod", "tf-distribute"], runs, summaries, {(4, "dense"): beyond})
+    # THEN the gap between engines is beyond what the order makes: failed
+    assert check["rank_order"]["spread"]["within"] is False and check["passed"] is False
