@@ -76,6 +76,13 @@ def verdict(result: dict[str, Any]) -> Text:
             if t.get("auto_decision"):
                 text.append(f"; auto -> {t['auto_decision']}: {t['auto_reason']}")
             text.append("\n")
+    elif not any(r["mode"] == "sparse" and r["status"] == "ok" for r in result["rows"]):
+        # the growth is measured on the sparse runs: without one it is unknown, not absent
+        kept = [short_name(t["name"], scope) for t in tensors if t.get("auto_decision") in ("sparse", "dedup")]
+        line = "Growth with the rank count not measured: no sparse run (add sparse to --modes)"
+        if kept:
+            line += f"; auto kept {', '.join(kept)} on the allgather path"
+        text.append(line + ".\n", style="bold")
     else:
         text.append("No collective output grows with the rank count (no IndexedSlices gathered).\n",
                     style="bold")
@@ -200,19 +207,26 @@ def physics_parts(p: dict[str, Any]) -> list[str]:
         if p.get("dense_change") is not None:
             part += f" ({p['dense_change']:+.1%} over N >= 2)"
         parts.append(part)
-    if p.get("auto_vs_sparse") is not None:
+    if p.get("auto_vs_sparse") is not None or p.get("auto_minus_best_bytes") is not None:
         count = len(p.get("auto_densified") or [])
         part = f"auto densified {count} tensor(s)"
         if p.get("auto_merged"):
             part += f" and merged {len(p['auto_merged'])}"
-        part += f": {p['auto_vs_sparse']:+.0%} against sparse at N={p['largest_world_size']}"
+        if p.get("auto_vs_sparse") is not None:
+            part += f": {p['auto_vs_sparse']:+.0%} against sparse at N={p['largest_world_size']}"
         if p.get("auto_minus_best_bytes") is not None:
+            best = p.get("best_fixed_mode") or "the better mode"
             if p.get("auto_vs_best_beyond_noise") is False:
-                part += ", level with the better mode within noise"
+                part += f", level with {best} within noise"
             elif p["auto_minus_best_bytes"] <= 0:
-                part += ", at or below the better mode"
+                part += f", at or below {best}"
             else:
-                part += f", {format_bytes(p['auto_minus_best_bytes'])} above the better mode"
+                part += f", {format_bytes(p['auto_minus_best_bytes'])} above {best}"
+                if p.get("auto_vs_best_beyond_noise"):
+                    phase = (p.get("phases") or {}).get("auto", {}).get(str(p["largest_world_size"]))
+                    part += (" beyond the noise (auto weighs the bytes its collectives move, not what the "
+                             "rest of the step does with a tensor kept sparse"
+                             + (f"; its peak was set in the {phase} phase" if phase else "") + ")")
         parts.append(part)
     if p.get("lowest_peak_mode"):
         parts.append(f"lowest peak at N={p['largest_world_size']}: {p['lowest_peak_mode']}")

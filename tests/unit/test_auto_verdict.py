@@ -1,0 +1,37 @@
+"""The verdict's words on auto against the fixed modes, measured without a sparse run (memdiag compare
+--modes dense,auto): the gap to the best fixed mode and whether it is beyond the noise, and a growth
+that was not measured said to be unmeasured, not absent."""
+
+from __future__ import annotations
+
+from memdiag.report.compare import physics_parts, verdict
+
+MiB = 2**20
+
+
+def _physics(auto_minus_best: float, beyond: bool) -> dict:
+    return {"largest_world_size": 4, "dense_peak_bytes": 1320 * MiB, "auto_densified": ["words"],
+            "auto_vs_sparse": None, "auto_minus_best_bytes": auto_minus_best, "best_fixed_mode": "dense",
+            "auto_vs_best_beyond_noise": beyond, "phases": {"auto": {"4": "compute"}}, "lowest_peak_mode": "dense"}
+
+
+def test_auto_above_the_best_fixed_mode_beyond_the_noise_is_said_without_a_sparse_run():
+    [_, auto, _] = physics_parts(_physics(77 * MiB, True))
+    assert "77 MiB above dense beyond the noise" in auto and "set in the compute phase" in auto
+
+
+def test_auto_within_the_noise_of_the_best_fixed_mode_is_level_with_it():
+    [_, auto, _] = physics_parts(_physics(10 * MiB, False))
+    assert auto.endswith("level with dense within noise")
+
+
+def test_without_a_sparse_run_the_growth_is_unmeasured_and_what_auto_kept_gathered_is_named():
+    result = {"rows": [{"mode": m, "world_size": 4, "status": "ok"} for m in ("dense", "auto")],
+              "tensors": [{"name": "model/items:0", "growth_bytes_per_rank": None, "auto_decision": "sparse",
+                           "auto_reason": "allgather 8 MiB < dense 122 MiB"},
+                          {"name": "model/words:0", "growth_bytes_per_rank": None, "auto_decision": "dense",
+                           "auto_reason": "dense 8 MiB < allgather 257 MiB"}],
+              "correctness": {"checks": [], "passed": None}}
+    text = verdict(result).plain
+    assert "Growth with the rank count not measured: no sparse run" in text and "auto kept items" in text
+    assert "No collective output grows" not in text
