@@ -62,9 +62,14 @@ def _marked(op: Any) -> bool:
 
 
 def _branches(op: Any) -> list[Any] | None:
-    """The function graphs of a functional control-flow op (If, Case, While), or None."""
+    """The function graphs of a functional control-flow op, as TensorFlow keeps them on the op (If:
+    ``_true_graph``/``_false_graph``; While: ``_cond_graph``/``_body_graph``; Case:
+    ``_branch_graph_0``, ``_branch_graph_1``, ...), or None."""
     graphs = [getattr(op, attr, None) for attr in ("_true_graph", "_false_graph", "_cond_graph", "_body_graph")]
-    graphs += list(getattr(op, "_branch_graphs", None) or [])
+    i = 0
+    while getattr(op, f"_branch_graph_{i}", None) is not None:
+        graphs.append(getattr(op, f"_branch_graph_{i}"))
+        i += 1
     found = [g for g in graphs if g is not None]
     return found or None
 

@@ -59,6 +59,42 @@ def test_records_in_two_conds_leave_the_conds_unordered_and_run_on_every_call():
     assert sorted(calls) == ["a"] * 3 + ["b"] * 3
 
 
+def test_records_in_switch_cases_and_loops_leave_them_unordered():
+    undo = graphcalls.install()
+    calls: list[str] = []
+    try:
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+        def step(x):
+            def record(tag: str) -> None:
+                graphcalls.host_call(lambda shape, tag=tag: calls.append(tag) or [], [tf.shape(x)], name="mark")
+
+            def branch(tag: str):
+                def make():
+                    record(tag)
+                    return x * 2.0
+                return make
+
+            a = tf.switch_case(tf.size(x) % 2, [branch("case0"), branch("case1")])
+            a += tf.switch_case(tf.size(x) % 2, [branch("again0"), branch("again1")])
+
+            def body(i, y):
+                record("loop")
+                return i + 1, y + 1.0
+
+            _, b = tf.while_loop(lambda i, y: i < 2, body, [tf.constant(0), x])
+            return a + b
+
+        concrete = step.get_concrete_function()
+    finally:
+        for owner, attr, original in undo:
+            setattr(owner, attr, original)
+    flow = {op.name: [c.name for c in op.control_inputs] for op in concrete.graph.get_operations()
+            if op.type in ("Case", "StatelessCase", "While", "StatelessWhile")}
+    assert len(flow) == 3 and all(inputs == [] for inputs in flow.values()), flow
+    concrete(tf.constant([1.0, 2.0]))
+    assert sorted(calls) == ["again0", "case0", "loop", "loop"]
+
+
 def test_without_it_tensorflow_orders_the_second_cond_after_the_first():
     # the control case: what memdiag.graphcalls undoes
     _, graph = _two_branch_records([])
