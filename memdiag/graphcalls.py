@@ -22,6 +22,7 @@ where its inputs are static shapes.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,9 +50,12 @@ def host_call(function: Callable[..., Any], inputs: Sequence[Any], name: str, To
 
 
 def _mark(op: Any) -> None:
+    """Mark ``op`` as memdiag's; where TensorFlow refuses, it stays unmarked (ordered as TensorFlow
+    orders it) rather than fail the job's graph."""
     from tensorflow.core.framework import attr_value_pb2
 
-    op._set_attr(MARK, attr_value_pb2.AttrValue(b=True))
+    with contextlib.suppress(Exception):  # never an error in the job's graph
+        op._set_attr(MARK, attr_value_pb2.AttrValue(b=True))
 
 
 def _marked(op: Any) -> bool:
@@ -101,13 +105,16 @@ def install() -> list[tuple[Any, str, Any]]:
         return []
 
     def __exit__(self: Any, *exc: Any) -> Any:  # noqa: N807 - the context manager's own method
-        graph = getattr(self, "_graph", None)
-        if graph is not None and not tf.executing_eagerly():
-            for op in graph.get_operations()[self._n_operations:]:
-                if _only_marked_effects(op):
-                    if not _marked(op):
-                        _mark(op)  # control flow: the scope around it judges it as a host call
-                    self.run_independently(op)
+        try:
+            graph = getattr(self, "_graph", None)
+            if graph is not None and not tf.executing_eagerly():
+                for op in graph.get_operations()[self._n_operations:]:
+                    if _only_marked_effects(op):
+                        if not _marked(op):
+                            _mark(op)  # control flow: the scope around it judges it as a host call
+                        self.run_independently(op)
+        except Exception:  # noqa: BLE001, S110 - a TensorFlow without these internals: its own order, never an error
+            pass
         return original(self, *exc)
 
     __exit__.__memdiag__ = True  # type: ignore[attr-defined]
