@@ -127,12 +127,14 @@ def test_horovod_without_tensorflow_support_is_one_line_and_leaves_no_run(tmp_pa
 
 
 def test_a_limit_between_the_dense_and_the_sparse_peak_kills_only_sparse(runs_root):
-    # GIVEN the dense peak of the small Transformer at N=4, and a limit 64 MiB above it (the sparse
-    # path gathers 2 tables x 4 ranks x 8192 rows x 4 KiB = 256 MiB per rank per step on top)
+    # GIVEN the dense peak of the small Transformer at N=4, and a limit 128 MiB above it: halfway to what
+    # the sparse path adds (2 tables x 4 ranks x 8192 rows x 4 KiB = 256 MiB per rank per step on top).
+    # Dense's own peak moves by tens of MiB from run to run (Horovod fuses the all-reduces of a step as
+    # they meet, and allocates its fusion buffer when it first does): 64 MiB above one run killed the next
     dense = runs_root / "limit-dense-n4"
     assert memdiag("run", "transformer", "--preset", "small", "-n", "4", "--mode", "dense", "--steps", "2",
                    "--out", str(dense)).returncode == 0
-    limit = read_json(dense / "summary.json")["peak_rss_bytes_max"] + 64 * 2**20
+    limit = read_json(dense / "summary.json")["peak_rss_bytes_max"] + 128 * 2**20
     # WHEN sparse and dense are compared under that limit
     out = runs_root / "limit-compare-n4"
     result = memdiag("compare", "sparse-vs-dense", "transformer", "--preset", "small", "-n", "4",
