@@ -9,8 +9,8 @@ sits in a ``tf.cond`` of its own (``_allreduce_cond``), so under plain Horovod t
 step start as their gradients are ready and Horovod fuses those that meet in a cycle. With ordered
 records, each all-reduce waited for the previous one's record, that is for its completion: one
 collective per cycle, no fusion, and a job that is not the one written
-(tests/unit/test_graph_order.py; on probes/short_step_script.py the Horovod timeline showed five
-all-reduces in five cycles against two or three cycles under plain mpirun).
+(tests/unit/test_graph_order.py; on probes/short_step_script.py, 2 ranks, 6 steps, Horovod's timeline
+showed 30 all-reduces starting in 30 cycles, against 20 under plain mpirun and 19 with this module).
 
 So every such op is marked (:data:`MARK`) and, while memdiag is installed, each automatic-control-
 dependencies scope lets marked ops, and control flow whose only stateful ops are marked, run
@@ -105,7 +105,8 @@ def install() -> list[tuple[Any, str, Any]]:
         return []
 
     def __exit__(self: Any, *exc: Any) -> Any:  # noqa: N807 - the context manager's own method
-        try:
+        # a TensorFlow without these internals keeps its own order: never an error in the job's graph
+        with contextlib.suppress(Exception):
             graph = getattr(self, "_graph", None)
             if graph is not None and not tf.executing_eagerly():
                 for op in graph.get_operations()[self._n_operations:]:
@@ -113,8 +114,6 @@ def install() -> list[tuple[Any, str, Any]]:
                         if not _marked(op):
                             _mark(op)  # control flow: the scope around it judges it as a host call
                         self.run_independently(op)
-        except Exception:  # noqa: BLE001, S110 - a TensorFlow without these internals: its own order, never an error
-            pass
         return original(self, *exc)
 
     __exit__.__memdiag__ = True  # type: ignore[attr-defined]

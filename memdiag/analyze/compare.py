@@ -297,11 +297,16 @@ def rank_order_check(check: dict[str, Any], ref_dir: str, ref: dict[str, Any], o
         spread = _parameter_check(check["world_size"], check["mode"], check["mode"], run_dir, order_dir,
                                   run, load_summary(order_dir))
         if spread["passed"] is not None:
-            look["spread"] = {"max_abs_diff": spread["max_abs_diff"],
-                              "loss_max_rel_diff": spread["loss_max_rel_diff"],
-                              "within": within_spread(check, spread)}
+            look["spread"] = _spread(check, spread)
             passed = look["spread"]["within"]
     return {**check, "passed": passed, "as_run_passed": False, "rank_order": look}
+
+
+def _spread(check: Mapping[str, Any], spread: Mapping[str, Any]) -> dict[str, Any]:
+    """What compare.json keeps of the distance between two runs of one job (``spread``), and whether
+    the failed ``check`` is within it (:func:`within_spread`)."""
+    return {"max_abs_diff": spread["max_abs_diff"], "loss_max_rel_diff": spread["loss_max_rel_diff"],
+            "within": within_spread(check, spread)}
 
 
 def within_spread(check: Mapping[str, Any], spread: Mapping[str, Any]) -> bool:
@@ -739,9 +744,7 @@ def across_engines(order: Sequence[str], run_dirs: Mapping[str, Mapping[tuple[in
                         # the reference engine's two runs, which differ in MPI's summation order alone
                         spread = _parameter_check(n, mode, mode, ref_dir, order_dir, ref, order_summary)
                         if spread["passed"] is not None:
-                            look["spread"] = {"max_abs_diff": spread["max_abs_diff"],
-                                              "loss_max_rel_diff": spread["loss_max_rel_diff"],
-                                              "within": within_spread(found, spread)}
+                            look["spread"] = _spread(found, spread)
                             check["passed"] = look["spread"]["within"]
             checks.append(check)
     return checks
