@@ -13,7 +13,7 @@ setup-tf-latest:
 
 # The main job on its built-in default: sparse, dense and auto on 1, 2 and 4 ranks. TensorFlow's pooled
 # CPU allocator (oneDNN's) is turned off for it, so that RSS follows the tensors alive rather than the
-# pool's levels (docs/measurement.md); the report names the setting. memdiag itself never sets it.
+# pool's levels (docs/explanation/measurement.md); the report names the setting. memdiag itself never sets it.
 demo: setup
 	TF_ENABLE_ONEDNN_OPTS=0 $(VENV)/bin/memdiag compare sparse-vs-dense transformer --preset small -n 1,2,4
 

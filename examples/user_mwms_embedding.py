@@ -3,7 +3,7 @@
 One worker per MPI rank. An embedding table (vocab x 256, float32) feeds a Dense(1) head; worker r
 looks up ``rows_base + rows_step x r`` int32 ids per step (1000 and 1500 at 2 workers), so the
 embedding's IndexedSlices gradient has a different number of rows on each worker: MWMS gathers it
-padded to the longest worker's rows (docs/tf-distribute.md). The train step is a ``tf.function``
+padded to the longest worker's rows (docs/explanation/physics.md). The train step is a ``tf.function``
 around ``strategy.run``: ``tape.gradient``, then Keras SGD's ``apply_gradients``, which all-reduces
 the gradients (a sum over the workers); the loss is summed with ``strategy.reduce``.
 

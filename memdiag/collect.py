@@ -4,7 +4,7 @@ A rank killed mid-write leaves a truncated last line; a damaged disk can leave g
 read is kept, and what cannot is counted and reported as a warning, never an exception.
 
 Record files are read line by line, and what a long run repeats is held compactly, so reading a run
-takes memory for its steps, not for its collectives or RSS samples (docs/performance.md):
+takes memory for its steps, not for its collectives or RSS samples (docs/explanation/overhead.md):
 
 - collective records, written in full (``collective``) or compactly (``collective_calls``, see
   :mod:`memdiag.agent.records`), all go into one :class:`CollectiveLog` per rank, which keeps each

@@ -2,7 +2,7 @@
 
 Three kinds of directory, each named by the file that makes it what it is:
 
-- a run (``run.json``): one ``memdiag run``; ranks write ``rank-K.jsonl`` (records, docs/records.md),
+- a run (``run.json``): one ``memdiag run``; ranks write ``rank-K.jsonl`` (records, docs/reference/records.md),
   ``rank-K.memray.bin`` with ``--memray``; rank 0 writes ``params.npz`` and, with a timeline,
   ``horovod-timeline.json``; the launcher writes ``mpirun.log`` and, at the end, ``summary.json``;
 - a comparison (``compare.json``): one run directory per mode, rank count and repeat

@@ -2,7 +2,7 @@
 
 These are :class:`typing.TypedDict` s, so that a type checker follows a record from the reader
 (:mod:`memdiag.collect`) to the analysis, and a misspelt field is an error before it is a ``KeyError``.
-The records are written by the ranks as plain JSON objects; docs/records.md is the reference for
+The records are written by the ranks as plain JSON objects; docs/reference/records.md is the reference for
 users and is kept in step with this module (tests/unit/test_docs.py checks that each record type
 documented here is documented there).
 
@@ -68,7 +68,7 @@ class MemRecord(_Record, total=False):
     t_max: float  # when rss_max was first seen
     rss_mean: float
     rss_max_window: int  # the largest sample inside the step's collective window
-    times: list[float]  # the samples themselves, on the steps that keep them (docs/records.md)
+    times: list[float]  # the samples themselves, on the steps that keep them (docs/reference/records.md)
     rss: list[int]
 
 

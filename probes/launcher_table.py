@@ -1,4 +1,4 @@
-"""The launcher table of docs/cluster.md: for run directories made by different launchers, whether each
+"""The launcher table of docs/notes/launchers.md: for run directories made by different launchers, whether each
 recorded the same collectives and gathered bytes as a reference `memdiag run` of the same target, whether
 `memdiag report` reads it, and how it ended.
 

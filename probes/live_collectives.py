@@ -11,7 +11,7 @@ gRPC copies of their chunks (send: ``RecvBufAsync``/``PackFrom``, gRPC slices; r
 ``RecvBufResponse`` parsing; most under 16 MiB: ``--min-mib 1`` shows them) and everything else by the
 kernel that allocated it. It prints the largest sum of gathered
 outputs and products alive at the same moment, what was alive then, and the last allocations and frees
-in order, which is the sequence docs/measurement.md ("What is alive in the collective window") quotes.
+in order, which is the sequence docs/notes/memory.md ("What is alive in the collective window") quotes.
 
     .venv/bin/python probes/live_collectives.py runs/RUN/rank-0.memray.bin [--min-mib 16] [--last 24]
 

@@ -20,7 +20,7 @@ reading memray files at the same time are counted together).
 
 ``--run-dir DIR`` measures the records and readers of an existing run; ``--memray-dir DIR`` the
 attribution of an existing ``--memray`` run; ``--source DIR`` runs memdiag from another source tree
-(e.g. ``git archive`` of an earlier commit, unpacked) for before/after figures. docs/performance.md
+(e.g. ``git archive`` of an earlier commit, unpacked) for before/after figures. docs/notes/performance.md
 has the figures.
 
 Examples::

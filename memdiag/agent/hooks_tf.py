@@ -5,7 +5,7 @@ dense tensors are packed (one pack of all of them in a ``tf.function``, one tens
 and all-reduced by ``CollectiveReplicaLauncher.batch_all_reduce``; each IndexedSlices goes to
 ``CollectiveReplicaLauncher.all_reduce_indexed_slices``, which gathers every worker's row count, then
 its values and its indices, padded with zero rows (``_pad_util``) to the longest worker's rows when
-the counts differ (docs/tf-distribute.md). Every collective ends in ``collective_ops.all_reduce_v2``
+the counts differ (docs/explanation/physics.md). Every collective ends in ``collective_ops.all_reduce_v2``
 or ``all_gather_v2``, looked up as module attributes at call time. These are replaced here:
 
 * ``CollectiveAllReduceExtended._initialize_multi_worker``: the strategy is up: the start record.

@@ -1,9 +1,9 @@
 """The rank's record file: ``rank-K.jsonl``, one JSON object a line, append-only.
 
 Records of a step are buffered and written with one flush when the step ends, so a rank that is
-killed loses at most the step it was in. Every record carries ``type``; see docs/records.md.
+killed loses at most the step it was in. Every record carries ``type``; see docs/reference/records.md.
 
-A long run stays small (docs/performance.md): every step has its ``step`` record and a ``mem`` record
+A long run stays small (docs/explanation/overhead.md): every step has its ``step`` record and a ``mem`` record
 of RSS aggregates, but only some steps keep their RSS samples (:func:`memdiag.recordformat.keeps_series`), and after the
 first :data:`memdiag.recordformat.FULL_STEPS` steps a step's collectives are written as one ``collective_calls`` record
 (which kind, when, and the shapes when they differ from the kind's first call) rather than one

@@ -38,7 +38,7 @@ def table_row(summary: dict[str, Any], run_dir: str) -> CompareRow:
         "world_size": summary["world_size"],
         "mode": summary["mode"],
         "status": summary["status"],
-        # Steady-state figures where the run has them (docs/measurement.md); the first step's apart.
+        # Steady-state figures where the run has them (docs/explanation/measurement.md); the first step's apart.
         "peak_rss_bytes_max": summary.get("steady_peak_rss_bytes_max") or summary["peak_rss_bytes_max"],
         "first_step_peak_rss_bytes": summary.get("first_step_peak_rss_bytes_max"),
         "steady": summary.get("steady"),
@@ -252,7 +252,7 @@ def optimizer_note(keras: str, diffs: Sequence[verify.VariableDiff], reduction: 
     - the gap is of the optimizer's size: in every variable that failed, max |sparse - dense| is at
       most the reference's own largest update of it (|final - initial|, from params_initial.npz). Keras
       3's Adam moves a row looked up k times with one sign sqrt(k) times as far as IndexedSlices as
-      densified (docs/tf-distribute.md), a gap of (sqrt(k) - 1)/sqrt(k) of the sparse run's update: a
+      densified (docs/howto/failed-check.md), a gap of (sqrt(k) - 1)/sqrt(k) of the sparse run's update: a
       part of the update, never more than all of it. A larger gap (a parameter that moved 1e-4 ending
       1e-2 apart) is not an optimizer applying the same gradient otherwise.
     """
@@ -266,7 +266,7 @@ def optimizer_note(keras: str, diffs: Sequence[verify.VariableDiff], reduction: 
     worst = max(failed, key=lambda d: d.max_abs_diff / d.max_update if d.max_update else float("inf"))
     return (f"under Keras {keras} the optimizer applies an IndexedSlices with repeated rows otherwise than its "
             "dense sum (Adam's second moment adds each row's square, not the square of their sum; "
-            f"docs/tf-distribute.md): the reduction check found both reductions within "
+            f"docs/howto/failed-check.md): the reduction check found both reductions within "
             f"{dense['rounding_bound_ratio']:.2g} of float rounding's bound, and the largest gap, "
             f"{worst.max_abs_diff:.3g} in {worst.name}, is within that variable's own largest update "
             f"({worst.max_update:.3g}): sparse and dense train apart whatever the reduction")
@@ -278,7 +278,7 @@ def rank_order_check(check: dict[str, Any], ref_dir: str, ref: dict[str, Any], o
     with Open MPI's allreduce summing the ranks' gradients in rank order, the order in which the
     allgather path's optimizer sums the gathered rows. The rounding of a float32 sum depends on its
     order, and Adam divides by sqrt(v): where that is near its epsilon a rounding-sized change of a
-    gradient moves the update by a visible fraction (docs/measurement.md, "When the parameter check
+    gradient moves the update by a visible fraction (docs/explanation/correctness.md, "When the parameter check
     fails a correct reduction").
 
     The check passes if the re-run agrees with the reference within the same tolerance, or if the
@@ -708,7 +708,7 @@ def across_engines(order: Sequence[str], run_dirs: Mapping[str, Mapping[tuple[in
     """Final parameters of each engine's runs against the reference engine's (the first) at the same rank
     count and mode: the same data and initial values; Horovod averages the gradients, MWMS sums the
     gradients of a loss scaled by 1/N, so they differ by float rounding only, within the tolerance of
-    the parameter check between modes (docs/measurement.md). Where a pair fails and the reference made a
+    the parameter check between modes (docs/explanation/correctness.md). Where a pair fails and the reference made a
     rank-order run of that (rank count, mode) for its own check (:func:`rank_order_check`), the pair is
     compared again against that run, which differs from the reference's in the summation order alone:
     it passes if that agrees, or if every variable that failed is no farther from the reference's run

@@ -25,7 +25,7 @@ Peak memory per rank has two regimes:
   time, so one tensor's gathered output is alive at a time, beside at most one quotient (its own, or
   the previous tensor's until its update has consumed it): held(N) = max G_i(N) + max values_i(N), for
   one tensor about 2 G. memray's allocation records of the Transformer show exactly this sequence at
-  N=2 and N=4 (docs/measurement.md, "What is alive in the collective window"). With op=Sum the
+  N=2 and N=4 (docs/notes/memory.md, "What is alive in the collective window"). With op=Sum the
   gathered values are used as they are: held(N) = max G_i(N). The allgathers of one grouped call
   (``grouped`` records: grouped_allgather, grouped_allreduce, ``num_groups``/``groups=``) come in one
   response and count together (summary.json's ``allgather_groups``). Allgathers that Horovod fuses into

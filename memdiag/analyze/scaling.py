@@ -158,7 +158,7 @@ def study_warnings(rows: list[dict[str, Any]]) -> tuple[bool, list[str]]:
                                                              for r in rows))
         warnings.append("NOT a scaling experiment: ranks shared the cores of one host (" + "; ".join(reasons) +
                         "). Added ranks brought no added hardware, so throughput, speedup and efficiency here "
-                        "measure contention, not scaling. Run across hosts with --hosts (docs/scaling.md).")
+                        "measure contention, not scaling. Run across hosts with --hosts (docs/howto/scaling-study.md).")
     return not warnings, warnings
 
 

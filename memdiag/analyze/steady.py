@@ -20,7 +20,7 @@ Measured with ``TF_ENABLE_ONEDNN_OPTS=0`` (as ``make demo`` runs): the tiny pres
 to about 1 MiB (N=2 sparse, rank 0: 497.7, 498.8, 498.8, 498.8 MiB), the small preset's swing by up to
 8% from step to step (N=1 sparse: 884, 889, 945, 917, 949, 917, 996 MiB): such a rank is not steady
 however long it runs, and 1% is kept, so that the report says so instead of calling a swing a level.
-The run-to-run spread (tens of MiB, docs/measurement.md) is measured by ``--repeats``, not here. A run
+The run-to-run spread (tens of MiB, docs/explanation/measurement.md) is measured by ``--repeats``, not here. A run
 whose peaks leave no window is reported as not steady, with figures from its last ``STEADY_MIN_STEPS``
 steps (the largest of them). A script's last step (``tail`` in its record) also holds what the script
 did after its loop, so it is left out of the steady figures and reported apart (``tail_peak_rss_bytes``).

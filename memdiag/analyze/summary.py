@@ -552,7 +552,7 @@ def summarize(run: Run) -> dict[str, Any]:
         "status": m.get("status"),
         "oversubscribed": m.get("oversubscribed"),
         "peak_rss_bytes_max": max(peaks) if peaks else None,
-        # Steady state (docs/measurement.md): what comparisons and predictions use.
+        # Steady state (docs/explanation/measurement.md): what comparisons and predictions use.
         "steady_peak_rss_bytes_max": largest("steady_peak_rss_bytes"),
         "steady": None if not steady else all(r["steady"] for r in steady),
         "first_step_peak_rss_bytes_max": largest("first_step_peak_rss_bytes"),

@@ -30,7 +30,7 @@ class ScaleCommand:
         parser.add_argument("--out", help="directory for the study (default runs/scale-NAME-KIND-TIME)")
         parser.add_argument("--from", dest="from_dir", metavar="DIR",
                             help="analyse an existing scale or run directory again instead of running")
-        project = parser.add_argument_group("projection (alpha-beta model of ring collectives, docs/scaling.md)")
+        project = parser.add_argument_group("projection (alpha-beta model of ring collectives, docs/explanation/projection.md)")
         project.add_argument("--project", metavar="N,N,...",
                              help="rank counts to project weak and strong efficiency to, e.g. 64,400,1200")
         project.add_argument("--alpha", type=positive_float("--alpha"), metavar="SECONDS",

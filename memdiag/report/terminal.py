@@ -198,7 +198,7 @@ def rows_text(summary: dict[str, Any]) -> Text:
 
 
 def memory_text(summary: dict[str, Any]) -> Text:
-    """The steady-state peak in words, and which phase set it (docs/measurement.md)."""
+    """The steady-state peak in words, and which phase set it (docs/explanation/measurement.md)."""
     text = Text()
     ranks = [r for r in summary["ranks"] if r.get("steady_peak_rss_bytes")]
     if not ranks:

@@ -255,7 +255,7 @@ def _run_strategy(ctx: WorkloadContext, config: TransformerConfig) -> None:
             # MWMS sums the workers' gradients where Horovod averages them: each worker's mean is
             # divided by the number of workers (the global batch's mean, as tf.nn.compute_average_loss
             # scales a loss), so that the summed gradient is Horovod's average and both engines train
-            # the same model (at 2 workers bitwise: halving is exact; docs/tf-distribute.md).
+            # the same model (at 2 workers bitwise: halving is exact; docs/explanation/correctness.md).
             scaled = loss / workers
         grads = tape.gradient(scaled, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))

@@ -4,7 +4,7 @@ The workload is the tiny Transformer with a side table of 1M lookups per rank (w
 its IndexedSlices gradient (values float32 [rows, 32], indices int32 [rows]) is by far the largest
 collective. TensorFlow runs with TF_ENABLE_ONEDNN_OPTS=0: its CPU allocator then allocates each
 tensor itself instead of handing out slices of pooled (BFC) regions, and memray sees tensors, not
-regions (docs/attribution.md).
+regions (docs/explanation/attribution.md).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 On the small preset at N=4 with oneDNN's kernels off, dense mode's final parameters differ from sparse's
 in one element of the source embedding by 3.53e-06, beyond the check's tolerance (measured on 2 cores,
-docs/measurement.md "When the parameter check fails a correct reduction"): Open MPI's allreduce sums the
+docs/explanation/correctness.md "When the parameter check fails a correct reduction"): Open MPI's allreduce sums the
 ranks' gradients in another order than the allgather path does, and Adam, dividing by a sqrt(v) near
 its epsilon, turns that rounding into a visible step. Run again with the allreduce summing in rank order,
 dense agrees with sparse within the tolerance on some CPUs; on others (2 cores, AVX-512) the rank-order

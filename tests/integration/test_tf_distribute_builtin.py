@@ -178,7 +178,7 @@ def test_dense_gathers_nothing_and_all_reduces_the_tables(dense):
 @pytest.mark.xfail(KERAS_3, strict=True,
                    reason="Keras 3's Adam sums the squares of an IndexedSlices' repeated rows into its second moment "
                           "where the dense gradient gives the square of their sum: its sparse and dense runs train "
-                          "apart (docs/tf-distribute.md)")
+                          "apart (docs/howto/failed-check.md)")
 def test_dense_and_sparse_end_with_the_same_parameters_within_rounding(sparse, dense):
     # The same sums in other orders (each worker densifies its rows, then the sum over the workers; or
     # the gathered rows summed by the optimizer). Adam's step is normalised (about its learning rate,

@@ -39,7 +39,7 @@ def checks_of(out) -> list[dict]:
 
 def test_the_gathered_and_the_dense_reduction_agree_within_rounding(runs_root):
     # Mode sparse alone: the check is the verification run's, and under Keras 3 a dense run's parameters
-    # part from sparse's for the optimizer's sake (docs/tf-distribute.md), which would fail the comparison.
+    # part from sparse's for the optimizer's sake (docs/howto/failed-check.md), which would fail the comparison.
     out = runs_root / "tfd-verify"
     result, data = compare(out, "--modes", "sparse")
     assert result.returncode == 0, result.stdout + result.stderr

@@ -4,7 +4,7 @@ by memdiag's own summary, comparison, prediction and reports.
 
 peak(N) = max(compute peak, collective base + k x G(N)): every figure below is chosen in this file,
 and every expected phase and the crossover rank count are computed here from those figures by the
-rules of docs/measurement.md, not by the code under test.
+rules of docs/explanation/measurement.md, not by the code under test.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ RANK_COUNTS, MODES = (2, 4, 8), ("sparse", "dense")
 # The compute peak (RSS when the first gradient reduction starts) of each run: not quite equal, as
 # measured runs are not; the model takes the largest.
 COMPUTE = {2: GiB, 4: GiB - MiB, 8: GiB - 2 * MiB}
-PHASE_TOLERANCE = 0.01  # docs/measurement.md: the collectives must push RSS more than 1% above compute
+PHASE_TOLERANCE = 0.01  # docs/explanation/measurement.md: the collectives must push RSS more than 1% above compute
 STEPS = 3
 
 
@@ -131,7 +131,7 @@ def write_comparison(root: Path, reduce_op: str) -> tuple[Path, dict]:
 
 
 def expected_phase(n: int, mode: str, reduce_op: str) -> str:
-    """The phase that set the peak, by docs/measurement.md's rule: the collectives, when they pushed RSS
+    """The phase that set the peak, by docs/explanation/measurement.md's rule: the collectives, when they pushed RSS
     more than 1% above the compute peak (compute raises nothing after the first reduction here)."""
     return "collectives" if window_rss(n, mode, reduce_op) > COMPUTE[n] * (1 + PHASE_TOLERANCE) else "compute"
 

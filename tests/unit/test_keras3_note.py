@@ -2,7 +2,7 @@
 where the run's measurements support it.
 
 Keras 3.15's Adam applies an IndexedSlices with repeated rows otherwise than their dense sum (measured in
-docs/tf-distribute.md), so under Keras 3 sparse and dense runs can train apart with a correct reduction.
+docs/howto/failed-check.md), so under Keras 3 sparse and dense runs can train apart with a correct reduction.
 The check still fails (a difference is a difference). The note says why only when (1) the comparison's
 reduction check found allgather and dense allreduce within float rounding's bound, and (2) the gap is of
 the optimizer's size: within each failing variable's own largest update over the run. Both sides of

@@ -2,7 +2,7 @@
 
 The parts are the packages (agent, analyze, commands, launch, report, workloads) and the top-level
 modules. Every import counts, a function's own too (most of TensorFlow's and Horovod's users import
-late). docs/architecture.md gives the same order; a test checks the two agree.
+late). docs/explanation/architecture.md gives the same order; a test checks the two agree.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
 
 
 def test_the_architecture_doc_gives_the_same_order():
-    text = (ROOT / "docs" / "architecture.md").read_text()
+    text = (ROOT / "docs" / "explanation" / "architecture.md").read_text()
     block = re.search(r"Import order, lowest first:(.*?`__main__`)", text, re.S)
-    assert block, "docs/architecture.md: no 'Import order, lowest first:' paragraph"
+    assert block, "docs/explanation/architecture.md: no 'Import order, lowest first:' paragraph"
     assert re.findall(r"`([\w.]+)`", block.group(1)) == LAYERS

@@ -66,7 +66,7 @@ def _row(tmp_path, world_size: int, hosts: str, cores: int) -> dict:
 
 
 def test_the_documented_eight_node_study_is_a_scaling_experiment(tmp_path):
-    # GIVEN docs/scaling.md's study: 4 slots on each of 8 four-core nodes, N = 4, 8, 16, 32
+    # GIVEN docs/howto/scaling-study.md's study: 4 slots on each of 8 four-core nodes, N = 4, 8, 16, 32
     hosts = ",".join(f"node{i}:4" for i in range(1, 9))
     rows = [_row(tmp_path, n, hosts, cores=4) for n in (4, 8, 16, 32)]
     # THEN mpirun fills node after node: 4 ranks on each used node, one core per rank at every N
