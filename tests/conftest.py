@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,3 +12,32 @@ import pytest
 @pytest.fixture(scope="session")
 def runs_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(autouse=True)
+def environment_left_as_found() -> Iterator[None]:
+    """Every process a later test starts inherits this one's environment: a variable that code under
+    test set in-process (the agent writes TF_CONFIG) and a test left behind makes later runs another job
+    (every tf-distribute worker then took the leaked TF_CONFIG's task and port). Put it back, and fail
+    the test that left it."""
+    before = _environment()
+    yield
+    after = _environment()
+    if after == before:
+        return
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    for key in changed:
+        if key in before:
+            os.environ[key] = before[key]
+        else:
+            del os.environ[key]
+    pytest.fail(f"the test left the environment changed: {', '.join(changed)} (use monkeypatch)", pytrace=False)
+
+
+# pytest's own (per phase), and the log level memdiag's CLI sets for TensorFlow in its own process when a
+# test calls it in-process (memdiag.cli.main); the launcher sets that one for every rank anyway.
+_IGNORED = ("PYTEST_CURRENT_TEST", "TF_CPP_MIN_LOG_LEVEL")
+
+
+def _environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in _IGNORED}

@@ -146,7 +146,7 @@ def test_the_agent_writes_tf_config_from_the_ports_and_keeps_the_users(monkeypat
 
     from memdiag.agent.main import _write_tf_config
 
-    monkeypatch.delenv("TF_CONFIG", raising=False)
+    _without_tf_config(monkeypatch)
     monkeypatch.setenv("MEMDIAG_TF_PORTS", "41001,41002")
     written = _write_tf_config(1, 2)
     assert written["source"] == "memdiag" and written["ports_by"] == "launcher"
@@ -296,7 +296,7 @@ def test_with_hosts_the_agent_writes_tf_config_from_the_ranks_exchanged_addresse
 
     from memdiag.agent.main import _write_tf_config
 
-    monkeypatch.delenv("TF_CONFIG", raising=False)
+    _without_tf_config(monkeypatch)
     monkeypatch.setenv(ports.ENV, ports.RANKS)
     monkeypatch.setenv(ports.ADDRESS_ENV, "127.0.0.1")
     world = _FakeWorld(1, [("10.1.2.9", 41001, "route"), ("10.1.2.10", 41003, "route")])
@@ -318,7 +318,7 @@ def test_with_hosts_the_agent_writes_tf_config_from_the_ranks_exchanged_addresse
 def test_with_hosts_a_rank_without_an_address_or_a_repeated_worker_is_an_error_on_every_rank(monkeypatch):
     from memdiag.agent.main import _write_tf_config
 
-    monkeypatch.delenv("TF_CONFIG", raising=False)
+    _without_tf_config(monkeypatch)
     monkeypatch.setenv(ports.ENV, ports.RANKS)
     monkeypatch.setenv(ports.ADDRESS_ENV, "127.0.0.1")
     _fake_mpi(monkeypatch, _FakeWorld(1, [(None, 41001, "no address found for this worker on node7: set X")]))
@@ -339,3 +339,10 @@ def _held(port):
         yield port
 
     return hold
+
+
+def _without_tf_config(monkeypatch) -> None:
+    """No TF_CONFIG while the test runs, and after it the variable as it was: the code under test writes
+    os.environ itself, which monkeypatch undoes only for a variable it recorded (setenv records it)."""
+    monkeypatch.setenv("TF_CONFIG", "")
+    monkeypatch.delenv("TF_CONFIG")
