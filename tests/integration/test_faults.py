@@ -127,24 +127,27 @@ def test_horovod_without_tensorflow_support_is_one_line_and_leaves_no_run(tmp_pa
 
 
 def test_a_limit_between_the_dense_and_the_sparse_peak_kills_only_sparse(runs_root):
-    # GIVEN the dense peak of the small Transformer at N=4, and a limit 128 MiB above it: halfway to what
-    # the sparse path adds (2 tables x 4 ranks x 8192 rows x 4 KiB = 256 MiB per rank per step on top).
-    # Dense's own peak moves by tens of MiB from run to run (Horovod fuses the all-reduces of a step as
-    # they meet, and allocates its fusion buffer when it first does): 64 MiB above one run killed the next
-    dense = runs_root / "limit-dense-n4"
-    assert memdiag("run", "transformer", "--preset", "small", "-n", "4", "--mode", "dense", "--steps", "2",
-                   "--out", str(dense)).returncode == 0
-    limit = read_json(dense / "summary.json")["peak_rss_bytes_max"] + 128 * 2**20
+    # GIVEN a user's script whose table is small (1000 x 256) and whose lookups are many (100,000 ids per
+    # rank per step): sparse gathers 2 x 100,000 rows of 1 KiB at N=2, about 195 MiB and as much again
+    # for Horovod's average, where dense all-reduces 1000 KiB. Its dense peak, and a limit 200 MiB above
+    # it, halfway to what the gathered rows add (about 400 MiB measured on a 2-core, 24 GiB machine)
+    from tests.helpers import ROOT
+
+    script = [str(ROOT / "examples" / "user_repetitive_lookups.py")]
+    script_args = ["--", "--vocab", "1000", "--width", "256", "--tokens", "100000", "--steps", "2"]
+    dense = runs_root / "limit-dense-n2"
+    assert memdiag("run", *script, "-n", "2", "--mode", "dense", "--out", str(dense), *script_args).returncode == 0
+    limit = read_json(dense / "summary.json")["peak_rss_bytes_max"] + 200 * 2**20
     # WHEN sparse and dense are compared under that limit
-    out = runs_root / "limit-compare-n4"
-    result = memdiag("compare", "sparse-vs-dense", "transformer", "--preset", "small", "-n", "4",
-                     "--modes", "sparse,dense", "--steps", "2", "--mem-limit", str(limit), "--out", str(out))
+    out = runs_root / "limit-compare-n2"
+    result = memdiag("compare", "sparse-vs-dense", *script, "-n", "2", "--modes", "sparse,dense",
+                     "--mem-limit", str(limit), "--out", str(out), *script_args)
     # THEN dense completes, sparse is killed, and that is the headline
     data = read_json(out / "compare.json")
     status = {r["mode"]: r["status"] for r in data["rows"]}
     assert status == {"dense": "ok", "sparse": "failed"}
-    assert data["headline"].startswith("killed by the memory limit: sparse at N=4")
-    assert "Completed under the same limit: dense at N=4" in data["headline"]
+    assert data["headline"].startswith("killed by the memory limit: sparse at N=2")
+    assert "Completed under the same limit: dense at N=2" in data["headline"]
     assert "allgather" in data["headline"]
     assert "headline" in result.stdout and result.returncode == 1
 
