@@ -38,6 +38,23 @@ for tool in cmake g++; do
     fi
 done
 
+STAMP="$VENV/.memdiag-installed"
+# Everything in place (the common case: every make target runs this first): one interpreter start that
+# imports TensorFlow once checks it all, rather than one per step below.
+ready() {
+    "$VENV/bin/python" - <<'PY' 2>/dev/null
+import sys
+import horovod, horovod.tensorflow as hvd, mpi4py.MPI, tensorflow as tf  # noqa: F401
+import memdiag.cli  # noqa: F401  installed (editable)
+if tf.__version__ != "2.15.1" or horovod.__version__ != "0.28.1" or not hvd.mpi_built():
+    sys.exit(1)
+print(f"[setup] ready: TensorFlow {tf.__version__}, Horovod {horovod.__version__} (MPI built: {hvd.mpi_built()})")
+PY
+}
+if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ ! "$ROOT/pyproject.toml" -nt "$STAMP" ] && ready; then
+    exit 0
+fi
+
 if [ ! -x "$VENV/bin/python" ]; then
     say "creating virtualenv $VENV"
     "$PY" -m venv "$VENV"
@@ -71,7 +88,6 @@ if ! "$VPY" -c "import mpi4py.MPI" >/dev/null 2>&1; then
     retry "$PIP" install -q --no-binary mpi4py mpi4py
 fi
 
-STAMP="$VENV/.memdiag-installed"
 if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
     say "installing memdiag (editable) with its test tools"
     retry "$PIP" install -q -e "$ROOT[test]"

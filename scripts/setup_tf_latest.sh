@@ -6,8 +6,8 @@
 # which this environment decides for itself), so that `memdiag run --engine tf-distribute` and the
 # tf-distribute tests run under the newest TensorFlow (`make test-tf-latest`).
 #
-# Idempotent: when the stamp is present and the imports work, it finishes in seconds without asking
-# the index anything. MEMDIAG_TF_LATEST_UPGRADE=1 asks the index again and upgrades.
+# Idempotent: when the stamp is present and the packages are those it lists (or the imports work), it
+# finishes in seconds without asking the index anything. MEMDIAG_TF_LATEST_UPGRADE=1 asks the index again and upgrades.
 #
 # numpy: memdiag pins numpy<2 (TF 2.15 is built against NumPy 1). The newest TensorFlow may need
 # NumPy 2; this script first tries numpy<2 and keeps it only if TensorFlow and Keras import and run
@@ -63,7 +63,13 @@ memdiag_ok() {
     "$VENV/bin/python" -c "import memdiag.cli, psutil" >/dev/null 2>&1
 }
 
-if [ -f "$STAMP" ] && [ "${MEMDIAG_TF_LATEST_UPGRADE:-0}" != 1 ] && smoke 2>/dev/null && memdiag_ok; then
+# The packages as the smoke test last passed with them (the stamp; memdiag's own line names its checkout):
+# nothing changed since, so the check above still holds without importing TensorFlow again.
+unchanged() {
+    [ -f "$STAMP" ] && cmp -s <("$VENV/bin/pip" freeze 2>/dev/null | grep -vi memdiag) <(grep -vi memdiag "$STAMP")
+}
+
+if [ -f "$STAMP" ] && [ "${MEMDIAG_TF_LATEST_UPGRADE:-0}" != 1 ] && memdiag_ok && { unchanged || smoke 2>/dev/null; }; then
     exit 0
 fi
 
