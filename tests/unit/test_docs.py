@@ -170,3 +170,27 @@ def test_the_table_of_contents_links_every_page():
 def test_the_manual_pages_name_no_issue_numbers(path):
     """Issue numbers belong to the history in docs/notes, not to the manual."""
     assert not ISSUE.findall(path.read_text())
+
+
+def test_the_command_reference_names_every_command_and_option_of_the_cli():
+    """docs/reference/commands.md is the reference: every command the parser has, and every long option
+    of each but those hidden from --help, appear there (an option added to the code and not to the
+    reference fails here)."""
+    import argparse
+
+    from memdiag.cli import build_parser
+
+    text = (ROOT / "docs" / "reference" / "commands.md").read_text()
+    parser = build_parser()
+    [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    missing = []
+    for name, sub in commands.choices.items():
+        if f"`{name}`" not in text:
+            missing.append(name)
+        for action in sub._actions:
+            if action.help == argparse.SUPPRESS:
+                continue  # hidden from --help on purpose (the tests' fault injection)
+            for option in action.option_strings:
+                if option.startswith("--") and option != "--help" and not re.search(rf"`{re.escape(option)}[` =]", text):
+                    missing.append(f"{name} {option}")
+    assert missing == []
