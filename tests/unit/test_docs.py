@@ -194,3 +194,16 @@ def test_the_command_reference_names_every_command_and_option_of_the_cli():
                 if option.startswith("--") and option != "--help" and not re.search(rf"`{re.escape(option)}[` =]", text):
                     missing.append(f"{name} {option}")
     assert missing == []
+
+
+def test_the_report_fields_reference_names_every_key_of_summary_json(tmp_path):
+    """Every top-level key the code writes into summary.json (a run of memdiag's own record writer)
+    and every key of its per-rank and per-collective entries is in docs/reference/report-fields.md."""
+    from memdiag.analyze.summary import summarize
+    from memdiag.collect import load_run
+    from tests.unit.fake_run import make_run
+
+    text = (ROOT / "docs" / "reference" / "report-fields.md").read_text()
+    summary = summarize(load_run(str(make_run(tmp_path / "r"))))
+    keys = set(summary) | {key for part in ("ranks", "collectives") for entry in summary[part] for key in entry}
+    assert sorted(k for k in keys if f"`{k}`" not in text) == []
