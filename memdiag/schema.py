@@ -35,6 +35,7 @@ class StartRecord(_Record, total=False):
     cpu_count: int
     engine: str  # tf-distribute only (absent: horovod)
     tf_config: dict[str, Any]  # tf-distribute: source (memdiag/environment/script) and value
+    marks: str  # how collectives inside graphs are marked: native, or python (and why not native)
 
 
 class StepRecord(_Record, total=False):

@@ -10,6 +10,9 @@ Horovod's op would be) is called many times in a row, built four ways:
                 collectives (the script's case), its record written and flushed with the high-water
                 mark read and reset, as in a rank
     + sampler   the same with the memory sampler thread running (every 5 ms, as in a rank)
+    native      the marks written by memdiag's native op (memdiag.nativemarks, MEMDIAG_MARKS=native)
+                into the same tracer, drained by the sampler thread; its "adds" is against the row
+                before, so the comparison is its total against + sampler's (printed last)
 
 and the median time per call (over --repeats blocks of --calls calls) is printed with the difference
 from the row before: what each part adds to a step of K collectives, and that as a share of a 50 ms
@@ -36,6 +39,7 @@ import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from memdiag import nativemarks  # noqa: E402
 from memdiag.agent.hooks import CollectiveHooks, Origin  # noqa: E402
 from memdiag.agent.records import RecordWriter  # noqa: E402
 from memdiag.agent.sampler import MemorySampler  # noqa: E402
@@ -100,6 +104,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     install()
+    marks, how = nativemarks.load({nativemarks.ENV: "native"})
+    print(f"marks: {how}")
     print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}; median of {args.repeats} blocks "
           f"of {args.calls} calls")
     with tempfile.TemporaryDirectory(prefix="memdiag-step-cost-") as tmp:
@@ -113,13 +119,31 @@ def main() -> int:
             tracer = Tracer(writer, sampler, rank=0, auto_steps=True)
             real = CollectiveHooks(tracer, "as-written", 1.0, lambda: 2, lambda d: None)
             rows.append(("tracer", per_call(build(k, real), args.calls, args.repeats)))
+            steps = tracer.step + 1
             sampler.start()
             try:
                 rows.append(("+ sampler", per_call(build(k, real), args.calls, args.repeats)))
             finally:
                 sampler.stop()
                 writer.close()
-            print(f"\n{k} collectives a step ({tracer.step + 1} steps recorded by the tracer)")
+            if marks is not None:  # the same tracer and sampler, the marks written by the native op
+                sampler = MemorySampler(0.005)
+                writer = RecordWriter(os.path.join(tmp, f"rank-native-{k}.jsonl"), 0)
+                tracer = Tracer(writer, sampler, rank=0, auto_steps=True)
+                native = CollectiveHooks(tracer, "as-written", 1.0, lambda: 2, lambda d: None)
+                native.use_native(marks)
+                sampler.start()
+                try:
+                    rows.append(("native", per_call(build(k, native), args.calls, args.repeats)))
+                finally:
+                    sampler.stop()
+                    tracer.finish()
+                    writer.close()
+                lost = f", {marks.lost} native marks lost" if marks.lost else ""
+                native_steps = f"; native: {tracer.step + 1} steps{lost}"
+            else:
+                native_steps = "; native marks not built (python -m memdiag.nativemarks build)"
+            print(f"\n{k} collectives a step ({steps} steps recorded by the tracer{native_steps})")
             print(f"  {'built':10s} {'per step':>10s} {'adds':>10s} {'per collective':>15s} {'of a 50 ms step':>16s}")
             previous = None
             for name, seconds in rows:
@@ -128,8 +152,11 @@ def main() -> int:
                          if adds is not None else "")
                 print(f"  {name:10s} {seconds * 1e6:8.0f} us {cells}")
                 previous = seconds
-            total = rows[-1][1] - rows[0][1]
-            print(f"  memdiag in all: {total * 1e6:.0f} us a step, {100 * total / 0.05:.2f}% of a 50 ms step")
+            by = dict(rows)
+            for name in ("+ sampler", "native"):
+                if name in by:
+                    total = by[name] - by["bare"]
+                    print(f"  memdiag in all ({name}): {total * 1e6:.0f} us a step, {100 * total / 0.05:.2f}% of a 50 ms step")
     return 0
 
 

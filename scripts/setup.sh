@@ -46,8 +46,11 @@ ready() {
 import sys
 import horovod, horovod.tensorflow as hvd, mpi4py.MPI, tensorflow as tf  # noqa: F401
 import memdiag.cli  # noqa: F401  installed (editable)
+from memdiag import nativemarks as nm
 if tf.__version__ != "2.15.1" or horovod.__version__ != "0.28.1" or not hvd.mpi_built():
     sys.exit(1)
+if not nm.BUILT_FOR.exists() or nm.BUILT_FOR.stat().st_mtime < nm.SOURCE.stat().st_mtime:
+    sys.exit(1)  # the native marks to build (again)
 print(f"[setup] ready: TensorFlow {tf.__version__}, Horovod {horovod.__version__} (MPI built: {hvd.mpi_built()})")
 PY
 }
@@ -92,6 +95,13 @@ if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
     say "installing memdiag (editable) with its test tools"
     retry "$PIP" install -q -e "$ROOT[test]"
     touch "$STAMP"
+fi
+
+# memdiag's native marks (opt-in, MEMDIAG_MARKS=native): built for this TensorFlow; where the build
+# fails, memdiag marks collectives through Python as it does by default.
+if ! "$VPY" -c "from memdiag import nativemarks as nm; import sys; sys.exit(not nm.BUILT_FOR.exists() or nm.BUILT_FOR.stat().st_mtime < nm.SOURCE.stat().st_mtime)" >/dev/null 2>&1; then
+    say "building memdiag's native marks (memdiag/native/mark_op.cc)"
+    "$VPY" -m memdiag.nativemarks build || say "native marks not built: memdiag marks collectives through Python"
 fi
 
 "$VPY" - <<'PY'

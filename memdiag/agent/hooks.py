@@ -113,6 +113,52 @@ class CollectiveHooks:
         self._lock: Any = threading.Lock()
         # per graph being built: how many unnamed collectives of each call site and shape it holds
         self._occurrences: weakref.WeakKeyDictionary[Any, collections.Counter[str]] = weakref.WeakKeyDictionary()
+        # Native marks (memdiag.nativemarks), when the rank uses them: what each mark's key stands for
+        # (BEGIN: op, meta, world size; END: op, meta), and the drain's guard against re-entry.
+        self.native: Any = None
+        self._marked: list[tuple[str, dict[str, Any], int]] = []
+        self._drain_lock = threading.Lock()
+        self._draining = threading.local()
+
+    def use_native(self, marks: Any) -> None:
+        """Mark collectives inside graphs with the native op of ``marks``; the tracer and the sampler
+        drain its records (:meth:`drain`)."""
+        self.native = marks
+        self.tracer.drain = self.drain
+        self.tracer.sampler.before_sample = self.drain
+
+    def drain(self) -> None:
+        """Hand the tracer the native marks written since the last drain, in the order of their times,
+        each with its time. Called by the sampler thread and by the tracer's entry points; a drain
+        that ends a step calls back into the tracer, which must not drain again (the guard)."""
+        if self.native is None or getattr(self._draining, "on", False):
+            return
+        self._draining.on = True
+        try:
+            with self._drain_lock:
+                lost = self.native.lost
+                records = self.native.read()
+                if self.native.lost > lost:  # the ring wrapped before it was read: a warning in the report
+                    self._failed("read every native mark", RuntimeError(
+                        f"{self.native.lost - lost} overwritten before they were read (the drain fell behind)"))
+                if len(records):
+                    self._guard("read the native marks", lambda: self._dispatch(records))
+        finally:
+            self._draining.on = False
+
+    def _dispatch(self, records: Any) -> None:
+        from memdiag.nativemarks import BEGIN, shape
+
+        for record in records[np.argsort(records[:, 4], kind="stable")]:
+            op, meta, extra = self._marked[int(record[1])]
+            t = int(record[4]) / 1e9
+            if int(record[2]) == BEGIN:
+                shape_in = shape(record, 0) or []
+                ranks = meta["process_set_size"] or extra
+                expected = math.prod(shape_in) * meta["itemsize"] * (ranks if op == "allgather" else 1)
+                self.tracer.begin_collective(meta, expected, in_graph=True, t=t)
+            else:
+                self.tracer.collective(meta, shape(record, 0) or [], shape(record, 1) or [], t=t)
 
     # -- installation -------------------------------------------------------------------------
     def install(self) -> None:
@@ -732,7 +778,27 @@ class CollectiveHooks:
             begin(*[tensor.shape for _, tensor in items])
             return []
         shapes = [tf.shape(tensor, out_type=tf.int64) for _, tensor in items]
+        if self._native_fits(tensor for _, tensor in items):
+            from memdiag.nativemarks import BEGIN
+
+            marks = []
+            for meta, shape in zip(metas, shapes):  # one mark per tensor: a record holds a few shapes
+                with self._lock:
+                    self._marked.append((op, meta, world_size))
+                    key = len(self._marked) - 1
+                marks.append(self.native.mark(key, BEGIN, [shape]))
+            return marks
         return [host_call(begin, shapes, name="memdiag_begin")]
+
+    def _native_fits(self, tensors: Any) -> bool:
+        """Whether native marks are on and every tensor's shape fits a native record (a known rank of
+        at most 8): otherwise the Python call records it."""
+        from memdiag.nativemarks import MAX_VALUES
+
+        if self.native is None:
+            return False
+        ranks = [tensor.shape.rank for tensor in tensors]
+        return all(rank is not None and rank <= MAX_VALUES for rank in ranks)
 
     def _meta(self, op: str, origin: Origin, tensor: Any, grouped: bool) -> dict[str, Any]:
         dtype = tf.as_dtype(tensor.dtype)
@@ -771,7 +837,15 @@ class CollectiveHooks:
         # the control dependency makes it wait for the output, so `t` is the completion time.
         with tf.control_dependencies([output]):
             shapes = [tf.shape(tensor, out_type=tf.int64), tf.shape(output, out_type=tf.int64)]
-            marked = host_call(emit, shapes, name="memdiag_record")
+            if self._native_fits([tensor, output]):
+                from memdiag.nativemarks import END
+
+                with self._lock:
+                    self._marked.append((op, meta, 0))
+                    key = len(self._marked) - 1
+                marked = self.native.mark(key, END, shapes)
+            else:
+                marked = host_call(emit, shapes, name="memdiag_record")
         return _after(output, marked)
 
     @contextlib.contextmanager

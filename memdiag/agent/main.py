@@ -95,10 +95,16 @@ def main(argv: list[str] | None = None) -> int:
                 initial_parameters=os.path.join(spool, rundir.INITIAL_PARAMETERS) if rank == 0 else None,
             )
 
+            from memdiag import nativemarks
+
+            marks, marks_used = nativemarks.load()
+            if marks is not None:
+                hooks.use_native(marks)
+
             def started() -> None:
                 if hvd.rank() != rank:
                     raise RuntimeError(f"Horovod rank {hvd.rank()} differs from MPI rank {rank}")
-                writer.write_now(_start_record(config, hvd))
+                writer.write_now(_start_record(config, hvd, marks_used))
 
             hooks.install()
             if not config.is_script:
@@ -485,7 +491,7 @@ def _mpi_version() -> str | None:
         return None
 
 
-def _start_record(config: AgentConfig, hvd: Any) -> dict[str, Any]:
+def _start_record(config: AgentConfig, hvd: Any, marks: str = "python") -> dict[str, Any]:
     import horovod
     import tensorflow as tf
 
@@ -504,6 +510,7 @@ def _start_record(config: AgentConfig, hvd: Any) -> dict[str, Any]:
             "mpi": mpi_version,
         },
         "cpu_count": os.cpu_count(),
+        "marks": marks,
     }
 
 

@@ -8,6 +8,7 @@ is reset at the start of every step (:class:`HighWaterMark`), so each step's pea
 
 from __future__ import annotations
 
+import bisect
 import os
 import threading
 import time
@@ -88,6 +89,7 @@ class MemorySampler:
     def __init__(self, interval_s: float = 0.005) -> None:
         self.interval_s = interval_s
         self.on_sample: Callable[[int], None] | None = None
+        self.before_sample: Callable[[], None] | None = None  # native marks drained (memdiag.nativemarks)
         self.on_tick: Callable[[], None] | None = None
         self._lock = threading.Lock()
         self._times: list[float] = []
@@ -118,12 +120,20 @@ class MemorySampler:
                 self._times, self._rss = decimate(self._times, self._rss)
         return rss
 
-    def take_step(self) -> tuple[int, list[float], list[int]]:
-        """Peak RSS since the last call, and the samples taken since then (cleared)."""
+    def take_step(self, until: float | None = None) -> tuple[int, list[float], list[int]]:
+        """Peak RSS since the last call, and the samples taken since then (cleared). ``until``: only
+        the samples up to that time, already past; the later ones stay for the next call."""
         current = self.sample()
         with self._lock:
-            peak, times, rss = self._step_peak, self._times, self._rss
-            self._times, self._rss, self._step_peak = [], [], current
+            if until is None:
+                peak, times, rss = self._step_peak, self._times, self._rss
+                self._times, self._rss, self._step_peak = [], [], current
+                return peak, times, rss
+            cut = bisect.bisect_right(self._times, until)
+            times, rss = self._times[:cut], self._rss[:cut]
+            self._times, self._rss = self._times[cut:], self._rss[cut:]
+            peak = max(rss, default=self._rss[0] if self._rss else current)
+            self._step_peak = max(self._rss, default=current)
         return peak, times, rss
 
     def restart_peak(self) -> None:
@@ -136,6 +146,8 @@ class MemorySampler:
     def _loop(self) -> None:
         last_tick = time.monotonic()
         while not self._stop.wait(self.interval_s):
+            if self.before_sample is not None:
+                self.before_sample()
             rss = self.sample()
             if self.on_sample is not None:
                 self.on_sample(rss)

@@ -89,13 +89,23 @@ class Tracer:
         self.step_peaks: list[int] = []  # peak RSS of each training step (step >= 0), in order
         self._collective_records = CollectiveRecords(writer)  # compact after the first steps
         self._series = SeriesPolicy()  # which steps' mem records keep their samples
+        # Marks written by the native op (memdiag.nativemarks) reach the tracer when something drains
+        # them: the sampler thread, and each entry point below before it takes the lock.
+        self.drain: Callable[[], None] | None = None
 
     # -- steps -------------------------------------------------------------------------------
-    def begin_step(self, step: int) -> None:
+    def _drained(self) -> None:
+        if self.drain is not None:
+            self.drain()
+
+    def begin_step(self, step: int, at: float | None = None) -> None:
+        """A step begins now, or at ``at`` (a time already past: a native mark read late, right after
+        the step before ended at the same time, whose samples since then belong to this step)."""
+        self._drained()
         with self._lock:
             self.step = step
-            self._step_start = time.time()
-            if not self._in_step:  # what ran since the last step ended belongs to no step
+            self._step_start = time.time() if at is None else at
+            if not self._in_step and at is None:  # what ran since the last step ended belongs to no step
                 self.sampler.restart_peak()
             self._in_step = True
             self._spans = []
@@ -106,12 +116,16 @@ class Tracer:
             self._gathered = {}
             self._quotient_bytes = 0
 
-    def end_step(self, step: int | None = None, **extra: Any) -> None:
-        """Write the step's memory record and everything buffered during it, then flush."""
+    def end_step(self, step: int | None = None, at: float | None = None, **extra: Any) -> None:
+        """Write the step's memory record and everything buffered during it, then flush. ``at``: the
+        step ended at that time, already past (a native mark read late): the samples after it are
+        the next step's, and the kernel's high-water mark, read now, may hold the next step's first
+        milliseconds too."""
+        self._drained()
         with self._lock:
             step = self.step if step is None else step
-            now = time.time()
-            spans = [*self._spans, self._take_span(self.hwm.peak())]
+            now = time.time() if at is None else at
+            spans = [*self._spans, self._take_span(self.hwm.peak(), until=at)]
             self._spans = []
             self._in_step = False
             sampled = max(span.sampled for span in spans)
@@ -150,9 +164,10 @@ class Tracer:
             self.writer.add(record)
             self.writer.flush()
 
-    def _take_span(self, exact: int | None) -> _Span:
-        """The sampler's peak and samples since the step began or memdiag's own work in it ended."""
-        sampled, times, rss = self.sampler.take_step()
+    def _take_span(self, exact: int | None, until: float | None = None) -> _Span:
+        """The sampler's peak and samples since the step began or memdiag's own work in it ended
+        (``until``: up to that time only)."""
+        sampled, times, rss = self.sampler.take_step(until)
         return _Span(sampled, exact, times, rss)
 
     @contextmanager
@@ -161,6 +176,7 @@ class Tracer:
         cut out of the step's figures (its samples dropped, the peak and the high-water mark taken
         before it and again after it); between steps, it is in none. Either way an ``own_work`` record
         gives its span, the RSS before and after it, and its peak."""
+        self._drained()
         with self._lock:
             before = self._take_span(self.hwm.peak())
             if self._in_step:
@@ -189,9 +205,10 @@ class Tracer:
 
     # -- collectives -------------------------------------------------------------------------
     def collective(self, meta: dict[str, Any], shape_in: list[int], shape_out: list[int],
-                   extra: dict[str, Any] | None = None) -> None:
+                   extra: dict[str, Any] | None = None, t: float | None = None) -> None:
         """Record one collective that has completed, with its runtime shapes; ``extra``: fields known
-        at run time only (the padding of a tf-distribute gather)."""
+        at run time only (the padding of a tf-distribute gather); ``t``: when it completed, where that
+        is past (a native mark read late)."""
         with self._lock:
             itemsize = meta["itemsize"]
             record = {
@@ -218,6 +235,8 @@ class Tracer:
             record.update({k: meta[k] for k in OPTIONAL_FIELDS if k in meta})
             if extra:
                 record.update(extra)
+            if t is not None:
+                record["t"] = t
             self._collective_records.add(record)
             if meta.get("gradient"):
                 self._window[1] = record["t"]
@@ -238,17 +257,19 @@ class Tracer:
         (memdiag.analyze.model.MemoryModel.held_bytes)."""
         return self._live_bytes + max(self._gathered.values(), default=0) + self._quotient_bytes
 
-    def begin_collective(self, meta: dict[str, Any], expected_bytes_out: int, in_graph: bool = False) -> None:
+    def begin_collective(self, meta: dict[str, Any], expected_bytes_out: int, in_graph: bool = False,
+                         t: float | None = None) -> None:
         """A collective starts (``in_graph``: marked from inside a graph, where collectives start in no
-        fixed order)."""
+        fixed order; ``t``: it started then, already past: a native mark read late)."""
         with self._lock:
+            now = time.time() if t is None else t
             if self.auto_steps:
-                self._advance_auto_step(meta, in_graph)
+                self._advance_auto_step(meta, in_graph, t)
             if meta.get("gradient") and self._window[0] is None:
-                self._window[0] = time.time()
+                self._window[0] = now
             key = (meta["op"], meta["name"], meta.get("part"))
             self._pending[key] = {"op": meta["op"], "name": meta["name"], "part": meta.get("part"),
-                                  "bytes_out": expected_bytes_out, "since": time.time()}
+                                  "bytes_out": expected_bytes_out, "since": now}
 
     def abandon_collective(self, op: str, name: str) -> None:
         """Collectives marked as started that never ran (Horovod refused their arguments)."""
@@ -258,6 +279,7 @@ class Tracer:
 
     def report_long_wait(self, after_s: float = 2.0) -> None:
         """Record, once each, collectives not completed after ``after_s`` (a hang in the making)."""
+        self._drained()
         with self._lock:
             now = time.time()
             for key, pending in self._pending.items():
@@ -268,6 +290,7 @@ class Tracer:
     def in_flight(self) -> dict[str, Any] | None:
         """The collective this rank is inside now: of those started and not completed, the one
         receiving the most bytes (None if none)."""
+        self._drained()
         with self._lock:
             if not self._pending:
                 return None
@@ -280,7 +303,7 @@ class Tracer:
         with self._lock:
             return sorted(self._received, key=lambda r: -r["bytes_out"])[:count]
 
-    def _advance_auto_step(self, meta: dict[str, Any], in_graph: bool) -> None:
+    def _advance_auto_step(self, meta: dict[str, Any], in_graph: bool, at: float | None = None) -> None:
         if meta["op"] == "broadcast":
             return  # the initial broadcast is set-up, never a step
         key = (meta["op"], meta["name"], meta.get("part"))
@@ -298,8 +321,8 @@ class Tracer:
         elif (key not in self._started) if in_graph else (key != self._anchor):
             self._started.add(key)
             return
-        self.end_step()
-        self.begin_step(self.step + 1)
+        self.end_step(at=at)
+        self.begin_step(self.step + 1, at=at)
         self._started = {key}
 
 

@@ -22,7 +22,7 @@ LAYERS = [
     "ports", "agentconfig",
     "collect",
     "analyze",
-    "graphcalls", "densify", "workloads", "doctor", "agent", "tensorflow",
+    "graphcalls", "nativemarks", "densify", "workloads", "doctor", "agent", "tensorflow",
     "report",
     "launch",
     "commands",

@@ -1,0 +1,148 @@
+"""memdiag's marks of collectives inside a graph as a native TensorFlow op (opt-in: ``MEMDIAG_MARKS=native``).
+
+By default each mark is a Python call made from the graph (:func:`memdiag.graphcalls.host_call`): 40-70
+us each, two per collective. The op of ``memdiag/native/mark_op.cc`` writes the same facts (which
+mark, when, the shapes it was given) into a ring buffer in about a microsecond
+(probes/native_mark/README.md), and the rank's tracer reads the ring from its sampler thread and
+from each of its entry points (memdiag.agent.hooks.CollectiveHooks.drain), handing every record the
+time the graph reached the op.
+
+The library is built for one TensorFlow version (``python -m memdiag.nativemarks build``, run by
+scripts/setup.sh) and loaded only under that version: another version's headers could load and crash
+rather than fail. Where it is not built, not asked for or does not load, memdiag marks through Python,
+and the rank's start record says which (``marks``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+ENV = "MEMDIAG_MARKS"  # "native": the op when it loads; anything else: Python calls
+HERE = Path(__file__).resolve().parent / "native"
+SOURCE = HERE / "mark_op.cc"
+LIBRARY = HERE / "_memdiag_mark.so"
+BUILT_FOR = HERE / "_memdiag_mark.json"  # {"tensorflow": version the library was built against}
+BEGIN, END = 0, 1
+MAX_INPUTS, MAX_VALUES = 4, 8  # as mark_op.cc stores them
+HEADER = 6  # index, key, kind, n_inputs, t_ns, tid
+
+
+def build(library: Path = LIBRARY) -> str | None:
+    """Compile the op against the running TensorFlow; None when built, else why not (one line)."""
+    try:
+        import tensorflow as tf
+
+        flags = [*tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
+    except Exception as exc:  # noqa: BLE001 - no TensorFlow: nothing to build against
+        return f"TensorFlow is not importable ({type(exc).__name__})"
+    command = ["g++", "-std=c++17", "-O2", "-fPIC", "-shared", str(SOURCE), "-o", str(library), *flags]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"g++ could not run ({exc})"
+    if done.returncode != 0:
+        return f"g++ failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
+    library.with_suffix(".json").write_text(json.dumps({"tensorflow": tf.__version__}))
+    return None
+
+
+class Marks:
+    """The loaded op and its ring: :meth:`mark` puts a mark into the graph being built, :meth:`read`
+    returns the records written since the last read."""
+
+    def __init__(self, library: Path) -> None:
+        import tensorflow as tf
+
+        self._ops = tf.load_op_library(str(library))
+        c = ctypes.CDLL(str(library))  # the same handle: the ring TensorFlow's copy writes
+        for name in ("memdiag_ring_capacity", "memdiag_ring_record_words", "memdiag_ring_head"):
+            getattr(c, name).restype = ctypes.c_int64
+        c.memdiag_ring_read.restype = ctypes.c_int64
+        c.memdiag_ring_read.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, ctypes.c_int64]
+        self._c = c
+        self.words = int(c.memdiag_ring_record_words())
+        self.capacity = int(c.memdiag_ring_capacity())
+        self._next = int(c.memdiag_ring_head())  # records before this process's first read are not its
+        self._buffer = np.zeros((self.capacity, self.words), dtype=np.int64)
+        self.lost = 0
+
+    def mark(self, key: int, kind: int, shapes: list[Any]) -> Any:
+        """The op marking ``key`` (``kind`` BEGIN or END) with ``shapes`` (1-D integer tensors, at most
+        :data:`MAX_INPUTS` of at most :data:`MAX_VALUES` values each), marked as memdiag's own."""
+        from memdiag.graphcalls import _mark
+
+        op = self._ops.memdiag_mark(shapes=list(shapes), key=key, kind=kind)
+        op = getattr(op, "op", op)
+        _mark(op)
+        return op
+
+    def read(self) -> npt.NDArray[np.int64]:
+        """The records written since the last read, in the order they were written (rows of
+        ``words`` int64: index, key, kind, n_inputs, t_ns, tid, counts, values)."""
+        n = int(self._c.memdiag_ring_read(self._buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)),
+                                          self.capacity, self._next))
+        if n == 0:
+            return self._buffer[:0]
+        records = self._buffer[:n].copy()
+        first, last = int(records[0, 0]), int(records[-1, 0])
+        self.lost += (first - self._next) + (last - first + 1 - n)  # overwritten before they were read
+        self._next = last + 1
+        return records
+
+
+def shape(record: npt.NDArray[np.int64], i: int) -> list[int] | None:
+    """Input ``i`` of a record as a list (a shape), or None where it was not stored whole."""
+    if i >= min(int(record[3]), MAX_INPUTS):
+        return None
+    count = int(record[HEADER + i])
+    if count > MAX_VALUES:
+        return None
+    start = HEADER + MAX_INPUTS + i * MAX_VALUES
+    return [int(v) for v in record[start:start + count]]
+
+
+def load(environ: Any = None) -> tuple[Marks | None, str]:
+    """The native marks when asked for (``MEMDIAG_MARKS=native``) and built for this TensorFlow, else
+    None; and a word on which marks the rank uses, for its start record."""
+    environ = os.environ if environ is None else environ
+    if environ.get(ENV, "") != "native":
+        return None, "python"
+    import tensorflow as tf
+
+    try:
+        built = json.loads(BUILT_FOR.read_text()).get("tensorflow")
+    except (OSError, ValueError):
+        return None, "python (native marks asked for, not built: python -m memdiag.nativemarks build)"
+    if built != tf.__version__:
+        return None, f"python (native marks built for TensorFlow {built}, running {tf.__version__})"
+    try:
+        return Marks(LIBRARY), "native"
+    except Exception as exc:  # noqa: BLE001 - any failure to load: Python marks
+        return None, f"python (native marks did not load: {type(exc).__name__})"
+
+
+def main(argv: list[str]) -> int:
+    if argv != ["build"]:
+        print("usage: python -m memdiag.nativemarks build", file=sys.stderr)
+        return 2
+    start = time.monotonic()
+    problem = build()
+    if problem:
+        print(f"memdiag: native marks not built: {problem}; memdiag marks through Python", file=sys.stderr)
+        return 1
+    print(f"built {LIBRARY.name} in {time.monotonic() - start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

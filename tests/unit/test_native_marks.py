@@ -1,0 +1,179 @@
+"""Native marks (memdiag.nativemarks, opt-in): the op's records reach the tracer as the Python calls'
+do, with the time the graph reached the op, and a step found from them late splits the samples there."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from memdiag import nativemarks
+from memdiag.agent.records import RecordWriter
+from memdiag.agent.sampler import MemorySampler
+from memdiag.agent.tracer import Tracer
+from tests.helpers import read_records
+
+tf = pytest.importorskip("tensorflow")
+
+
+@pytest.fixture(scope="module")
+def marks(tmp_path_factory) -> nativemarks.Marks:
+    """The op, built once for the tests (as scripts/setup.sh builds it into the package)."""
+    library = nativemarks.LIBRARY
+    built = nativemarks.BUILT_FOR
+    if not library.exists() or not built.exists() or built.stat().st_mtime < nativemarks.SOURCE.stat().st_mtime:
+        library = tmp_path_factory.mktemp("native") / "_memdiag_mark.so"
+        assert nativemarks.build(library) is None
+    return nativemarks.Marks(library)
+
+
+def _hooks(tracer: Tracer):
+    from memdiag.agent.hooks import CollectiveHooks
+
+    return CollectiveHooks(tracer, "as-written", 1.0, lambda: 2, lambda d: None)
+
+
+def _step(hooks, collectives: int):
+    """A tf.function holding ``collectives`` stand-ins for gradient all-reduces (an identity each, with
+    memdiag's begin and end marks around it, as the hooks put them around Horovod's op)."""
+    from memdiag.agent.hooks import Origin
+
+    @tf.function
+    def step(x):
+        outputs = []
+        for i in range(collectives):
+            tensor = tf.concat([tf.reshape(x, [4, 8]) + float(i)] * (1 + i), axis=1)  # [4, 8 (1 + i)]
+            origin = Origin(f"grad_{i}", gradient=True, reduce_op="average")
+            marks = hooks._begin("allreduce", [(origin, tensor)])
+            with tf.control_dependencies(marks):
+                output = tf.identity(tensor)
+            outputs.append(tf.reduce_sum(hooks._record("allreduce", origin, tensor, output, grouped=False)))
+        return tf.add_n(outputs)
+
+    return step
+
+
+def _trace(tmp_path: Path, name: str, native: nativemarks.Marks | None, steps: int = 4) -> list[dict]:
+    writer = RecordWriter(str(tmp_path / f"{name}.jsonl"), 0)
+    sampler = MemorySampler(0.005)
+    tracer = Tracer(writer, sampler, rank=0, auto_steps=True)
+    hooks = _hooks(tracer)
+    if native is not None:
+        hooks.use_native(native)
+    step = _step(hooks, 3)
+    first = native._next if native is not None else 0
+    for i in range(steps):
+        step(tf.fill([4 * 8], float(i)))
+    tracer.finish()
+    if native is not None:  # every mark went through the op: a begin and an end per collective and step
+        assert native._next - first == steps * 3 * 2
+    writer.close()
+    assert hooks.failures == {}
+    return read_records(tmp_path / f"{name}.jsonl")
+
+
+def test_native_marks_record_what_the_python_calls_record(marks, tmp_path):
+    # GIVEN the same graph step marked through Python and through the native op
+    python = _trace(tmp_path, "python", None)
+    native = _trace(tmp_path, "native", marks)
+    # THEN both record the same collectives with the same run-time shapes, step by step
+    def collectives(records):
+        return sorted((r["step"], r["name"], tuple(r["shape_in"]), tuple(r["shape_out"]), r["bytes_out"])
+                      for r in records if r["type"] == "collective")
+
+    assert collectives(native) == collectives(python)
+    assert {r["step"] for r in native if r["type"] == "collective"} == {0, 1, 2, 3}
+    assert [r["step"] for r in native if r["type"] == "step"] == [s["step"] for s in python if s["type"] == "step"]
+    # AND the native records carry the times the graph reached the marks: in order, inside each step
+    steps = {r["step"]: r for r in native if r["type"] == "step"}
+    for r in native:
+        if r["type"] == "collective":
+            assert steps[r["step"]]["t_start"] <= r["t"] <= steps[r["step"]]["t_end"] + 1e-6
+    assert marks.lost == 0
+
+
+def test_the_native_op_is_marked_as_memdiags_own(marks):
+    from memdiag import graphcalls
+
+    @tf.function
+    def f(x):
+        marks.mark(0, nativemarks.BEGIN, [tf.shape(x, out_type=tf.int64)])
+        return x + 1
+
+    graph = f.get_concrete_function(tf.ones([2])).graph
+    [op] = [op for op in graph.get_operations() if op.type == "MemdiagMark"]
+    assert graphcalls._marked(op)
+
+
+def test_a_step_found_late_splits_the_samples_at_the_marks_time(tmp_path):
+    # GIVEN a tracer whose step 0 has samples before and after the time a native mark says step 1 began
+    writer = RecordWriter(str(tmp_path / "r.jsonl"), 0)
+    sampler = MemorySampler(0.005)
+    tracer = Tracer(writer, sampler, rank=0, auto_steps=True)
+    meta = {"op": "allreduce", "name": "g", "part": None, "dtype": "float32", "itemsize": 4, "sparse": False,
+            "densified": False, "gradient": True, "process_set_size": None}
+    tracer.begin_collective(meta, 16, in_graph=True)  # step 0 begins
+    tracer.collective(meta, [4], [4])
+    for _ in range(3):
+        sampler.sample()
+        time.sleep(0.002)
+    boundary = time.time()
+    for _ in range(3):
+        time.sleep(0.002)
+        sampler.sample()
+    # WHEN the mark of step 1's first collective, at `boundary`, is read now
+    tracer.begin_collective(meta, 16, in_graph=True, t=boundary)
+    tracer.finish()
+    writer.close()
+    # THEN step 0 ends and step 1 begins at the mark's time, and each keeps its own samples
+    records = read_records(tmp_path / "r.jsonl")
+    steps = {r["step"]: r for r in records if r["type"] == "step"}
+    step0, step1 = steps[0], steps[1]
+    assert step0["t_end"] == boundary == step1["t_start"]
+    mem = {r["step"]: r for r in records if r["type"] == "mem" and "times" in r}
+    assert max(mem[0]["times"]) <= boundary < min(mem[1]["times"])
+    assert len([t for t in mem[1]["times"] if t > boundary]) >= 3
+
+
+def test_the_op_is_used_only_when_asked_for_and_built_for_the_running_tensorflow(tmp_path, monkeypatch):
+    assert nativemarks.load({}) == (None, "python")
+    built = tmp_path / "built.json"
+    built.write_text('{"tensorflow": "0.0.0"}')
+    monkeypatch.setattr(nativemarks, "BUILT_FOR", built)
+    marks, how = nativemarks.load({nativemarks.ENV: "native"})
+    assert marks is None and "built for TensorFlow 0.0.0" in how and tf.__version__ in how
+    monkeypatch.setattr(nativemarks, "BUILT_FOR", tmp_path / "absent.json")
+    assert nativemarks.load({nativemarks.ENV: "native"})[1].startswith("python (native marks asked for, not built")
+
+
+def test_shapes_longer_than_a_record_holds_are_unknown_not_cut():
+    import numpy as np
+
+    record = np.zeros(nativemarks.HEADER + nativemarks.MAX_INPUTS * (1 + nativemarks.MAX_VALUES), dtype=np.int64)
+    record[3] = 2  # two inputs
+    record[nativemarks.HEADER] = 3  # the first: 3 values
+    record[nativemarks.HEADER + nativemarks.MAX_INPUTS:][:3] = [5, 6, 7]
+    record[nativemarks.HEADER + 1] = nativemarks.MAX_VALUES + 1  # the second: too long to be stored whole
+    assert nativemarks.shape(record, 0) == [5, 6, 7]
+    assert nativemarks.shape(record, 1) is None and nativemarks.shape(record, 2) is None
+
+
+def test_marks_lost_to_an_overwritten_ring_are_a_warning_not_silence(tmp_path):
+    import numpy as np
+
+    class Overwritten:
+        lost = 0
+
+        def read(self):
+            self.lost += 5  # five records were overwritten before this read
+            return np.zeros((0, 42), dtype=np.int64)
+
+    writer = RecordWriter(str(tmp_path / "r.jsonl"), 0)
+    hooks = _hooks(Tracer(writer, MemorySampler(), rank=0, auto_steps=True))
+    hooks.native = Overwritten()
+    hooks.drain()
+    writer.close()
+    assert hooks.failure_counts() == {"read every native mark": 1}
+    [record] = [r for r in read_records(tmp_path / "r.jsonl") if r["type"] == "bookkeeping"]
+    assert "5 overwritten" in record["error"]
