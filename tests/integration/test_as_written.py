@@ -52,19 +52,29 @@ def plain_mpirun(script: Path, args: list[str], timeline: Path, ranks: int = 2) 
                           timeout=300, env=env, stdin=subprocess.DEVNULL)
 
 
-@pytest.mark.parametrize("name", [name if name in CORE else pytest.param(name, marks=pytest.mark.slow)
-                                  for name in sorted(SCRIPTS)])
-def test_a_script_runs_under_memdiag_exactly_as_under_plain_mpirun(name, runs_root, tmp_path):
+# Scripts run again with memdiag's native marks (MEMDIAG_MARKS=native: memdiag.nativemarks): a grouped
+# all-reduce (one mark per tensor) and a TF1 graph (only what a session fetches runs).
+NATIVE = ("user_groups.py", "user_tf1_graph.py")
+
+
+@pytest.mark.parametrize("name,marks", [(name, "python") if name in CORE else
+                                        pytest.param(name, "python", marks=pytest.mark.slow)
+                                        for name in sorted(SCRIPTS)] + [(name, "native") for name in NATIVE])
+def test_a_script_runs_under_memdiag_exactly_as_under_plain_mpirun(name, marks, runs_root, tmp_path, monkeypatch):
     script, args = ROOT / "examples" / name, SCRIPTS[name]
     # GIVEN the script's run under plain mpirun, with Horovod's timeline of what it issued
     plain = plain_mpirun(script, args, tmp_path / "plain-timeline.json")
     assert plain.returncode == 0, plain.stdout + plain.stderr
     issued = timeline_collectives(read_timeline(str(tmp_path / "plain-timeline.json")).events)
     assert issued
-    # WHEN memdiag runs it as written (no mode given)
-    out = runs_root / f"as-written-{script.stem}"
+    # WHEN memdiag runs it as written (no mode given), its marks inside graphs made as asked
+    out = runs_root / f"as-written-{script.stem}-{marks}"
+    monkeypatch.setenv("MEMDIAG_MARKS", marks)
     result = memdiag("run", str(script), "-n", "2", "--horovod-timeline", "--out", str(out), "--", *args)
     assert result.returncode == 0, result.stdout + result.stderr
+    for rank in (0, 1):
+        [start] = [r for r in read_records(out / f"rank-{rank}.jsonl") if r["type"] == "start"]
+        assert start["marks"] == marks
     # THEN Horovod issued the same collectives (op, dtype, output shape, count) under memdiag
     under = timeline_collectives(read_timeline(str(out / "horovod-timeline.json")).events)
     assert under == issued
