@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from memdiag.agent.records import CollectiveRecords, RecordWriter
 from memdiag.agent.sampler import HighWaterMark, MemorySampler
@@ -95,7 +95,11 @@ class Tracer:
 
     # -- steps -------------------------------------------------------------------------------
     def _drained(self) -> None:
-        if self.drain is not None:
+        """Hand the tracer the native marks read since the last drain, unless this thread holds the
+        tracer's lock: the drain takes its own lock and then the tracer's (from the sampler thread
+        too), so draining with the tracer's lock held could wait on a drain that waits on it (a step
+        ended inside a collective's begin, memdiag's own work at a step's end)."""
+        if self.drain is not None and not cast(Any, self._lock)._is_owned():  # CPython RLock: held by this thread
             self.drain()
 
     def begin_step(self, step: int, at: float | None = None) -> None:

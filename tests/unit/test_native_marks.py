@@ -177,3 +177,29 @@ def test_marks_lost_to_an_overwritten_ring_are_a_warning_not_silence(tmp_path):
     assert hooks.failure_counts() == {"read every native mark": 1}
     [record] = [r for r in read_records(tmp_path / "r.jsonl") if r["type"] == "bookkeeping"]
     assert "5 overwritten" in record["error"]
+
+
+def test_the_tracer_never_drains_with_its_lock_held(tmp_path):
+    # GIVEN a tracer whose drain checks that no thread calls it holding the tracer's lock (the sampler
+    # thread's drain takes the drain's lock, then the tracer's: the other order would deadlock)
+    writer = RecordWriter(str(tmp_path / "r.jsonl"), 0)
+    tracer = Tracer(writer, MemorySampler(), rank=0, auto_steps=True)
+    calls = []
+
+    def drain():
+        assert not tracer._lock._is_owned()
+        calls.append(1)
+
+    tracer.drain = drain
+    tracer.on_step_end.append(lambda step: {"extra": step})  # memdiag's own work inside end_step
+    meta = {"op": "allreduce", "name": "g", "part": None, "dtype": "float32", "itemsize": 4, "sparse": False,
+            "densified": False, "gradient": True, "process_set_size": None}
+    # WHEN a collective's begin ends a step (a Python mark: end_step called with the lock held) and the
+    # script ends
+    for _ in range(3):
+        tracer.begin_collective(meta, 16, in_graph=True)
+        tracer.collective(meta, [4], [4])
+    tracer.finish()
+    writer.close()
+    # THEN it drained only where it held no lock (finish), and the steps were still ended
+    assert calls and [r["step"] for r in read_records(tmp_path / "r.jsonl") if r["type"] == "step"] == [-1, 0, 1, 2]
