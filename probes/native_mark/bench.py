@@ -1,4 +1,4 @@
-"""memdiag probe: a native TensorFlow op (MemdiagMark, mark_op.cc) against a stateful tf.numpy_function
+"""memdiag probe: a native TensorFlow op (MemdiagMark, memdiag/native/mark_op.cc) against a stateful tf.numpy_function
 as the per-collective mark inside a tf.function.
 
 One process, no MPI. A tf.function holds K small ops (tf.reduce_sum of a [32, 8] tensor, standing for

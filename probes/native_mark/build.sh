@@ -6,7 +6,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 py="${PYTHON:-$here/../../.venv/bin/python}"
 read -r -a cflags <<<"$("$py" -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_compile_flags()))' 2>/dev/null)"
 read -r -a lflags <<<"$("$py" -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_link_flags()))' 2>/dev/null)"
-cmd=(g++ -std=c++17 -O2 -fPIC -shared "$here/mark_op.cc" -o "$here/memdiag_mark.so" "${cflags[@]}" "${lflags[@]}")
+cmd=(g++ -std=c++17 -O2 -fPIC -shared "$here/../../memdiag/native/mark_op.cc" -o "$here/memdiag_mark.so" "${cflags[@]}" "${lflags[@]}")
 echo "${cmd[*]}"
 start=$(date +%s.%N)
 "${cmd[@]}"
