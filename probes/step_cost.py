@@ -97,6 +97,14 @@ def per_call(step, calls: int, repeats: int) -> float:
     return statistics.median(blocks)
 
 
+def rank_tracer(path: str) -> tuple[MemorySampler, RecordWriter, Tracer, CollectiveHooks]:
+    """A rank's sampler (not started), record writer, tracer (steps found from the collectives) and hooks."""
+    sampler = MemorySampler(0.005)
+    writer = RecordWriter(path, 0)
+    tracer = Tracer(writer, sampler, rank=0, auto_steps=True)
+    return sampler, writer, tracer, CollectiveHooks(tracer, "as-written", 1.0, lambda: 2, lambda d: None)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--collectives", type=int, nargs="+", default=[5, 38])
@@ -114,10 +122,7 @@ def main() -> int:
             rows.append(("bare", per_call(build(k, None), args.calls, args.repeats)))
             idle = CollectiveHooks(_IdleTracer(), "as-written", 1.0, lambda: 2, lambda d: None)
             rows.append(("marks", per_call(build(k, idle), args.calls, args.repeats)))
-            sampler = MemorySampler(0.005)
-            writer = RecordWriter(os.path.join(tmp, f"rank-{k}.jsonl"), 0)
-            tracer = Tracer(writer, sampler, rank=0, auto_steps=True)
-            real = CollectiveHooks(tracer, "as-written", 1.0, lambda: 2, lambda d: None)
+            sampler, writer, tracer, real = rank_tracer(os.path.join(tmp, f"rank-{k}.jsonl"))
             rows.append(("tracer", per_call(build(k, real), args.calls, args.repeats)))
             steps = tracer.step + 1
             sampler.start()
@@ -127,10 +132,7 @@ def main() -> int:
                 sampler.stop()
                 writer.close()
             if marks is not None:  # the same tracer and sampler, the marks written by the native op
-                sampler = MemorySampler(0.005)
-                writer = RecordWriter(os.path.join(tmp, f"rank-native-{k}.jsonl"), 0)
-                tracer = Tracer(writer, sampler, rank=0, auto_steps=True)
-                native = CollectiveHooks(tracer, "as-written", 1.0, lambda: 2, lambda d: None)
+                sampler, writer, tracer, native = rank_tracer(os.path.join(tmp, f"rank-native-{k}.jsonl"))
                 native.use_native(marks)
                 sampler.start()
                 try:

@@ -153,9 +153,7 @@ class CollectiveHooks:
             op, meta, extra = self._marked[int(record[1])]
             t = int(record[4]) / 1e9
             if int(record[2]) == BEGIN:
-                shape_in = shape(record, 0) or []
-                ranks = meta["process_set_size"] or extra
-                expected = math.prod(shape_in) * meta["itemsize"] * (ranks if op == "allgather" else 1)
+                expected = _expected_bytes(op, meta, shape(record, 0) or [], extra)
                 self.tracer.begin_collective(meta, expected, in_graph=True, t=t)
             else:
                 self.tracer.collective(meta, shape(record, 0) or [], shape(record, 1) or [], t=t)
@@ -767,9 +765,7 @@ class CollectiveHooks:
             try:
                 for meta, shape_in in zip(metas, shapes):
                     shape = [int(d) for d in np.asarray(shape_in)]
-                    ranks = meta["process_set_size"] or world_size
-                    expected = math.prod(shape) * meta["itemsize"] * (ranks if op == "allgather" else 1)
-                    self.tracer.begin_collective(meta, expected, in_graph=in_graph)
+                    self.tracer.begin_collective(meta, _expected_bytes(op, meta, shape, world_size), in_graph=in_graph)
             except Exception as exc:  # noqa: BLE001 - runs inside the job's step: never raises into it
                 self._failed(f"mark an {op}'s start", exc)
             return []
@@ -781,14 +777,16 @@ class CollectiveHooks:
         if self._native_fits(tensor for _, tensor in items):
             from memdiag.nativemarks import BEGIN
 
-            marks = []
-            for meta, shape in zip(metas, shapes):  # one mark per tensor: a record holds a few shapes
-                with self._lock:
-                    self._marked.append((op, meta, world_size))
-                    key = len(self._marked) - 1
-                marks.append(self.native.mark(key, BEGIN, [shape]))
-            return marks
+            # one mark per tensor: a record holds a few shapes
+            return [self.native.mark(self._native_key(op, meta, world_size), BEGIN, [shape])
+                    for meta, shape in zip(metas, shapes)]
         return [host_call(begin, shapes, name="memdiag_begin")]
+
+    def _native_key(self, op: str, meta: dict[str, Any], world_size: int) -> int:
+        """The key of a new native mark: what its records are read back as (:meth:`_dispatch`)."""
+        with self._lock:
+            self._marked.append((op, meta, world_size))
+            return len(self._marked) - 1
 
     def _native_fits(self, tensors: Any) -> bool:
         """Whether native marks are on and every tensor's shape fits a native record (a known rank of
@@ -840,10 +838,7 @@ class CollectiveHooks:
             if self._native_fits([tensor, output]):
                 from memdiag.nativemarks import END
 
-                with self._lock:
-                    self._marked.append((op, meta, 0))
-                    key = len(self._marked) - 1
-                marked = self.native.mark(key, END, shapes)
+                marked = self.native.mark(self._native_key(op, meta, 0), END, shapes)
             else:
                 marked = host_call(emit, shapes, name="memdiag_record")
         return _after(output, marked)
@@ -908,6 +903,13 @@ def reduction_order(grads: list[Any], variables: list[Any] | None, groups: Any) 
             if index is not None:
                 order.append(index)
     return order + list(by_name.values())
+
+
+def _expected_bytes(op: str, meta: dict[str, Any], shape: list[int], world_size: int) -> int:
+    """What a collective starting on a tensor of ``shape`` will receive: an allgather every rank's of
+    its process set (or of the job), any other op its own size."""
+    ranks = meta["process_set_size"] or world_size
+    return math.prod(shape) * meta["itemsize"] * (ranks if op == "allgather" else 1)
 
 
 def _after(output: Any, op: Any) -> Any:
