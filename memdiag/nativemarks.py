@@ -1,6 +1,7 @@
-"""memdiag's marks of collectives inside a graph as a native TensorFlow op (opt-in: ``MEMDIAG_MARKS=native``).
+"""memdiag's marks of collectives inside a graph as a native TensorFlow op (the default; ``MEMDIAG_MARKS=python``
+marks through Python instead).
 
-By default each mark is a Python call made from the graph (:func:`memdiag.graphcalls.host_call`): 40-70
+A mark through Python is a call made from the graph (:func:`memdiag.graphcalls.host_call`): 40-70
 us each, two per collective. The op of ``memdiag/native/mark_op.cc`` writes the same facts (which
 mark, when, the shapes it was given) into a ring buffer in about a microsecond
 (probes/native_mark/README.md), and the rank's tracer reads the ring from its sampler thread and
@@ -9,8 +10,8 @@ time the graph reached the op.
 
 The library is built for one TensorFlow version (``python -m memdiag.nativemarks build``, run by
 scripts/setup.sh) and loaded only under that version: another version's headers could load and crash
-rather than fail. Where it is not built, not asked for or does not load, memdiag marks through Python,
-and the rank's start record says which (``marks``).
+rather than fail. Where it is not built, does not load or ``MEMDIAG_MARKS=python`` is set, memdiag marks
+through Python, and the rank's start record says which, and why (``marks``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-ENV = "MEMDIAG_MARKS"  # "native": the op when it loads; anything else: Python calls
+ENV = "MEMDIAG_MARKS"  # "native" (the default): the op when it loads; "python": Python calls
 HERE = Path(__file__).resolve().parent / "native"
 SOURCE = HERE / "mark_op.cc"
 LIBRARY = HERE / "_memdiag_mark.so"
@@ -65,7 +66,8 @@ class Marks:
 
         self._ops = tf.load_op_library(str(library))
         c = ctypes.CDLL(str(library))  # the same handle: the ring TensorFlow's copy writes
-        for name in ("memdiag_ring_capacity", "memdiag_ring_record_words", "memdiag_ring_head"):
+        for name in ("memdiag_ring_capacity", "memdiag_ring_record_words", "memdiag_ring_head",
+                     "memdiag_ring_prefault"):
             getattr(c, name).restype = ctypes.c_int64
         c.memdiag_ring_read.restype = ctypes.c_int64
         c.memdiag_ring_read.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, ctypes.c_int64]
@@ -73,7 +75,12 @@ class Marks:
         self.words = int(c.memdiag_ring_record_words())
         self.capacity = int(c.memdiag_ring_capacity())
         self._next = int(c.memdiag_ring_head())  # records before this process's first read are not its
-        self._buffer = np.zeros((self.capacity, self.words), dtype=np.int64)
+        # The ring and the reader's buffer are memdiag's own memory in the rank's RSS: both are made
+        # resident now, before the script's first step, so that neither grows inside a measured step.
+        self.resident_bytes = int(c.memdiag_ring_prefault())
+        self._buffer = np.empty((self.capacity, self.words), dtype=np.int64)
+        self._buffer.fill(0)
+        self.resident_bytes += self._buffer.nbytes
         self.lost = 0
 
     def mark(self, key: int, kind: int, shapes: list[Any]) -> Any:
@@ -100,8 +107,9 @@ class Marks:
         return records
 
 
-def shape(record: npt.NDArray[np.int64], i: int) -> list[int] | None:
-    """Input ``i`` of a record as a list (a shape), or None where it was not stored whole."""
+def shape(record: npt.NDArray[np.int64] | list[int], i: int) -> list[int] | None:
+    """Input ``i`` of a record (a row of :meth:`Marks.read`, or that row as a list) as a list (a shape),
+    or None where it was not stored whole."""
     if i >= min(int(record[3]), MAX_INPUTS):
         return None
     count = int(record[HEADER + i])
@@ -112,17 +120,20 @@ def shape(record: npt.NDArray[np.int64], i: int) -> list[int] | None:
 
 
 def load(environ: Any = None) -> tuple[Marks | None, str]:
-    """The native marks when asked for (``MEMDIAG_MARKS=native``) and built for this TensorFlow, else
-    None; and a word on which marks the rank uses, for its start record."""
+    """The native marks, unless ``MEMDIAG_MARKS=python`` asks for Python calls, when built for the running
+    TensorFlow; else None. And a word on which marks the rank uses, and why, for its start record."""
     environ = os.environ if environ is None else environ
-    if environ.get(ENV, "") != "native":
+    asked = environ.get(ENV, "native")
+    if asked == "python":
         return None, "python"
+    if asked != "native":
+        return None, f"python ({ENV}={asked!r} is neither native nor python)"
     import tensorflow as tf
 
     try:
         built = json.loads(BUILT_FOR.read_text()).get("tensorflow")
     except (OSError, ValueError):
-        return None, "python (native marks asked for, not built: python -m memdiag.nativemarks build)"
+        return None, "python (native marks not built: python -m memdiag.nativemarks build)"
     if built != tf.__version__:
         return None, f"python (native marks built for TensorFlow {built}, running {tf.__version__})"
     try:

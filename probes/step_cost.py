@@ -10,7 +10,7 @@ Horovod's op would be) is called many times in a row, built four ways:
                 collectives (the script's case), its record written and flushed with the high-water
                 mark read and reset, as in a rank
     + sampler   the same with the memory sampler thread running (every 5 ms, as in a rank)
-    native      the marks written by memdiag's native op (memdiag.nativemarks, MEMDIAG_MARKS=native)
+    native      the marks written by memdiag's native op (memdiag.nativemarks, the default)
                 into the same tracer, drained by the sampler thread; its "adds" is against the row
                 before, so the comparison is its total against + sampler's (printed last)
 

@@ -97,8 +97,8 @@ if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
     touch "$STAMP"
 fi
 
-# memdiag's native marks (opt-in, MEMDIAG_MARKS=native): built for this TensorFlow; where the build
-# fails, memdiag marks collectives through Python as it does by default.
+# memdiag's native marks (the default; MEMDIAG_MARKS=python opts out): built for this TensorFlow; where the
+# build fails, memdiag marks collectives through Python, and each rank's start record says why.
 if ! "$VPY" -c "from memdiag import nativemarks as nm; import sys; sys.exit(not nm.BUILT_FOR.exists() or nm.BUILT_FOR.stat().st_mtime < nm.SOURCE.stat().st_mtime)" >/dev/null 2>&1; then
     say "building memdiag's native marks (memdiag/native/mark_op.cc)"
     "$VPY" -m memdiag.nativemarks build || say "native marks not built: memdiag marks collectives through Python"

@@ -35,7 +35,9 @@ constexpr int kMaxInputs = 4;
 constexpr int kMaxValues = 8;
 constexpr int kHeaderWords = 6;  // index, key, kind, n_inputs, t_ns, tid
 constexpr int kRecordWords = kHeaderWords + kMaxInputs + kMaxInputs * kMaxValues;  // 42
-constexpr uint64_t kCapacity = 1u << 14;  // 16384 records; a slot is 384 bytes (64-aligned): 6 MiB
+// 4096 records; a slot is 384 bytes (64-aligned): 1.5 MiB. The tracer reads the ring every sampling
+// interval (5 ms by default, 100 ms at most), so it holds seconds of marks at real steps' rates.
+constexpr uint64_t kCapacity = 1u << 12;
 static_assert((kCapacity & (kCapacity - 1)) == 0, "capacity must be a power of two");
 
 struct alignas(64) Slot {
@@ -43,7 +45,7 @@ struct alignas(64) Slot {
   std::atomic<int64_t> words[kRecordWords];
 };
 
-Slot g_ring[kCapacity];                  // zero-initialised (static storage): pages touched as used
+Slot g_ring[kCapacity];                  // zero-initialised (static storage): touched by memdiag_ring_prefault
 std::atomic<uint64_t> g_head{0};         // index of the next record to be written
 
 thread_local int64_t t_tid = 0;
@@ -141,6 +143,17 @@ __attribute__((visibility("default"))) int64_t memdiag_ring_capacity() {
 }
 
 __attribute__((visibility("default"))) int64_t memdiag_ring_record_words() { return kRecordWords; }
+
+// Write every page of the ring once (a zero sequence: "never written"), so that its memory is resident
+// from the start, before the first step, instead of growing with the first marks inside measured steps.
+// Does nothing once a mark has been written. Returns the ring's size in bytes.
+__attribute__((visibility("default"))) int64_t memdiag_ring_prefault() {
+  if (g_head.load(std::memory_order_acquire) != 0) return static_cast<int64_t>(sizeof(g_ring));
+  for (uint64_t i = 0; i < kCapacity; ++i) g_ring[i].seq.store(0, std::memory_order_relaxed);
+  for (uint64_t i = 0; i < kCapacity; ++i)
+    for (int w = 0; w < kRecordWords; ++w) g_ring[i].words[w].store(0, std::memory_order_relaxed);
+  return static_cast<int64_t>(sizeof(g_ring));
+}
 
 // Index of the next record to be written (= number of records ever written).
 __attribute__((visibility("default"))) int64_t memdiag_ring_head() {

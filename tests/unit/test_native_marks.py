@@ -1,8 +1,9 @@
-"""Native marks (memdiag.nativemarks, opt-in): the op's records reach the tracer as the Python calls'
+"""Native marks (memdiag.nativemarks, the default): the op's records reach the tracer as the Python calls'
 do, with the time the graph reached the op, and a step found from them late splits the samples there."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -136,15 +137,54 @@ def test_a_step_found_late_splits_the_samples_at_the_marks_time(tmp_path):
     assert len([t for t in mem[1]["times"] if t > boundary]) >= 3
 
 
-def test_the_op_is_used_only_when_asked_for_and_built_for_the_running_tensorflow(tmp_path, monkeypatch):
-    assert nativemarks.load({}) == (None, "python")
+def test_the_op_is_the_default_where_built_for_the_running_tensorflow(tmp_path, monkeypatch):
     built = tmp_path / "built.json"
-    built.write_text('{"tensorflow": "0.0.0"}')
+    built.write_text(json.dumps({"tensorflow": tf.__version__}))
     monkeypatch.setattr(nativemarks, "BUILT_FOR", built)
-    marks, how = nativemarks.load({nativemarks.ENV: "native"})
+    loaded = []
+    monkeypatch.setattr(nativemarks, "Marks", lambda library: loaded.append(library) or "the op")
+    assert nativemarks.load({}) == ("the op", "native") == nativemarks.load({nativemarks.ENV: "native"})
+    assert loaded == [nativemarks.LIBRARY] * 2
+    # the user's choice of Python calls, and a value that is neither
+    assert nativemarks.load({nativemarks.ENV: "python"}) == (None, "python")
+    marks, how = nativemarks.load({nativemarks.ENV: "nativ"})
+    assert marks is None and how == "python (MEMDIAG_MARKS='nativ' is neither native nor python)"
+    # built for another TensorFlow, not built, or not loading: Python calls, and why
+    built.write_text('{"tensorflow": "0.0.0"}')
+    marks, how = nativemarks.load({})
     assert marks is None and "built for TensorFlow 0.0.0" in how and tf.__version__ in how
     monkeypatch.setattr(nativemarks, "BUILT_FOR", tmp_path / "absent.json")
-    assert nativemarks.load({nativemarks.ENV: "native"})[1].startswith("python (native marks asked for, not built")
+    assert nativemarks.load({})[1] == "python (native marks not built: python -m memdiag.nativemarks build)"
+    monkeypatch.setattr(nativemarks, "BUILT_FOR", built)
+    built.write_text(json.dumps({"tensorflow": tf.__version__}))
+
+    def broken(library):
+        raise OSError("undefined symbol")
+
+    monkeypatch.setattr(nativemarks, "Marks", broken)
+    assert nativemarks.load({}) == (None, "python (native marks did not load: OSError)")
+
+
+def test_the_ring_and_its_reader_are_resident_before_the_first_mark(marks):
+    # memdiag's own memory in the rank, made resident when the op is loaded: it never grows in a step.
+    # Untouched, the ring (4096 slots of 384 B) and the reader's buffer would add 2.8 MiB as marks came.
+    import psutil
+
+    @tf.function
+    def marked():
+        for key in range(64):
+            marks.mark(key, nativemarks.BEGIN, [tf.constant([key, 2], tf.int64)])
+        return tf.constant(0)
+
+    marked()
+    marks.read()
+    process = psutil.Process()
+    before = process.memory_info().rss
+    for _ in range(2 * marks.capacity // 64):  # every slot written twice, every record read
+        marked()
+        assert len(marks.read()) == 64
+    assert process.memory_info().rss - before < 2**20
+    assert marks.lost == 0 and marks.resident_bytes >= marks.capacity * marks.words * 8 * 2
 
 
 def test_shapes_longer_than_a_record_holds_are_unknown_not_cut():
