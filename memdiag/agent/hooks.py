@@ -149,10 +149,11 @@ class CollectiveHooks:
     def _dispatch(self, records: Any) -> None:
         from memdiag.nativemarks import BEGIN, shape
 
-        for record in records[np.argsort(records[:, 4], kind="stable")]:
-            op, meta, extra = self._marked[int(record[1])]
-            t = int(record[4]) / 1e9
-            if int(record[2]) == BEGIN:
+        # as Python ints, converted at once (reading numpy scalars one by one costs more than the rest)
+        for record in records[np.argsort(records[:, 4], kind="stable")].tolist():
+            op, meta, extra = self._marked[record[1]]
+            t = record[4] / 1e9
+            if record[2] == BEGIN:
                 expected = _expected_bytes(op, meta, shape(record, 0) or [], extra)
                 self.tracer.begin_collective(meta, expected, in_graph=True, t=t)
             else:

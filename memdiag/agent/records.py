@@ -102,11 +102,14 @@ class CollectiveRecords:
         self._shapes: list[list[Any]] = []
         writer.before_flush.append(self.flush)
 
-    def add(self, record: dict[str, Any]) -> None:
-        """Write (or buffer) one completed collective's full record; sets its ``t`` and ``rank``."""
+    def add(self, record: dict[str, Any], key: Hashable | None = None) -> Hashable:
+        """Write (or buffer) one completed collective's full record; sets its ``t`` and ``rank``.
+        ``key``: the record's kind as an earlier call returned it for a record with the same fields other
+        than VARYING_FIELDS (computed here when None). Returns the kind."""
         record.setdefault("rank", self.writer.rank)
         record.setdefault("t", time.time())
-        key = _kind_key(record)
+        if key is None:
+            key = _kind_key(record)
         step = record.get("step")
         with self._lock:
             known = self._kinds.get(key)
@@ -117,7 +120,7 @@ class CollectiveRecords:
                 record["kind"] = known[0]
                 self._emit()  # calls buffered before this one go first: the file stays in time order
                 self.writer.add(record)
-                return
+                return key
             if self._step is not None and step != self._step:
                 self._emit()
             if self._step is None:
@@ -127,6 +130,7 @@ class CollectiveRecords:
                 self._shapes.append([len(self._kind), record.get("shape_in"), record.get("shape_out")])
             self._kind.append(kind)
             self._us.append(round((record["t"] - self._t0) * 1e6))
+            return key
 
     def flush(self) -> None:
         with self._lock:

@@ -53,6 +53,9 @@ class _Span:
     rss: list[int]
 
 
+# The most collective metas whose kind key the tracer remembers (memdiag.agent.records.CollectiveRecords).
+KIND_KEYS_KEPT = 4096
+
 class Tracer:
     def __init__(
         self,
@@ -88,6 +91,9 @@ class Tracer:
         self.on_step_end: list[Callable[[int], dict[str, Any] | None]] = []
         self.step_peaks: list[int] = []  # peak RSS of each training step (step >= 0), in order
         self._collective_records = CollectiveRecords(writer)  # compact after the first steps
+        # per collective's meta (by identity: in a graph the hooks keep one per call site; eager calls make
+        # a new one each, so the cache is emptied when full), its records' kind key
+        self._kind_keys: dict[int, tuple[dict[str, Any], Any]] = {}
         self._series = SeriesPolicy()  # which steps' mem records keep their samples
         # Marks written by the native op (memdiag.nativemarks) reach the tracer when something drains
         # them: the sampler thread, and each entry point below before it takes the lock.
@@ -241,7 +247,15 @@ class Tracer:
                 record.update(extra)
             if t is not None:
                 record["t"] = t
-            self._collective_records.add(record)
+            known = self._kind_keys.get(id(meta)) if not extra else None
+            if known is not None and known[0] is meta:
+                self._collective_records.add(record, known[1])
+            else:
+                key = self._collective_records.add(record)
+                if not extra:
+                    if len(self._kind_keys) >= KIND_KEYS_KEPT:
+                        self._kind_keys.clear()
+                    self._kind_keys[id(meta)] = (meta, key)
             if meta.get("gradient"):
                 self._window[1] = record["t"]
             if meta["op"] == "allgather":

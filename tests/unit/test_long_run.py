@@ -355,3 +355,39 @@ def test_plots_and_traces_read_aggregates_where_samples_were_not_kept(tmp_path):
     trace, _ = chrome_trace(run)
     counters = [e for e in trace["traceEvents"] if e["ph"] == "C"]
     assert max(e["args"]["bytes"] for e in counters) == max(m["rss_max"] for m in run.ranks[0].memory)
+
+
+def _collectives_written(path: Path, reuse_metas: bool, steps: int = FULL_STEPS + 8) -> list[str]:
+    """The lines a tracer writes for a step of one gathered embedding and 8 all-reduces, each call with
+    the meta of its call site (as the hooks give inside a graph) or a new copy each call (eager)."""
+    grad = {"gradient": True, "reduce_op": "average", "process_set_size": 2}
+    sites = [{**meta("allgather", "m/emb:0", "values", sparse=True), **grad},
+             *({**meta("allreduce", name), **grad} for name in KERNELS)]
+    clock = Clock()
+    with mock.patch.object(tracer_module, "time", clock), mock.patch.object(record_writer, "time", StillClock(clock)), \
+            mock.patch.object(tracer_module, "HighWaterMark", NoMark):
+        writer = RecordWriter(str(path), 0)
+        tracer = Tracer(writer, ScriptedSampler(clock), 0, auto_steps=False)  # type: ignore[arg-type]
+        tracer.end_step(-1)
+        for step in range(steps):
+            tracer.begin_step(step)
+            rows = 48 if step % 7 == 3 else 32
+            for site in sites:
+                called = site if reuse_metas else dict(site)
+                shapes = ([rows, 8], [2 * rows, 8]) if site["op"] == "allgather" else ([8, 8], [8, 8])
+                tracer.collective(called, *shapes)
+            tracer.end_step(step)
+        writer.close()
+    assert len(tracer._kind_keys) <= tracer_module.KIND_KEYS_KEPT
+    return path.read_text().splitlines()
+
+
+def test_a_call_sites_kind_is_remembered_and_the_records_are_those_of_fresh_metas(tmp_path, monkeypatch):
+    # the tracer remembers a call site's kind key instead of recomputing it from every record
+    reused = _collectives_written(tmp_path / "reused.jsonl", reuse_metas=True)
+    fresh = _collectives_written(tmp_path / "fresh.jsonl", reuse_metas=False)
+    assert reused == fresh
+    assert any('"type":"collective_calls"' in line for line in reused)
+    # eager calls make a new meta each: what the tracer remembers stays bounded
+    monkeypatch.setattr(tracer_module, "KIND_KEYS_KEPT", 5)
+    assert _collectives_written(tmp_path / "bounded.jsonl", reuse_metas=False) == fresh
