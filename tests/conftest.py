@@ -14,6 +14,18 @@ def runs_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("runs")
 
 
+@pytest.fixture(scope="session")
+def sparse_run(runs_root):
+    """`memdiag run transformer -n 2 --steps 3 --mode sparse` (real mpirun): made once, read by the tests of
+    what a run writes (tests/integration/test_run.py) and of the memory limit (test_faults.py)."""
+    from tests.helpers import memdiag
+
+    out = runs_root / "sparse-n2"
+    result = memdiag("run", "transformer", "-n", "2", "--steps", "3", "--mode", "sparse", "--out", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out, result
+
+
 @pytest.fixture(autouse=True)
 def environment_left_as_found() -> Iterator[None]:
     """Every process a later test starts inherits this one's environment: a variable that code under

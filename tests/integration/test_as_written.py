@@ -52,20 +52,32 @@ def plain_mpirun(script: Path, args: list[str], timeline: Path, ranks: int = 2) 
                           timeout=300, env=env, stdin=subprocess.DEVNULL)
 
 
-# Scripts run again with memdiag's native marks (MEMDIAG_MARKS=native: memdiag.nativemarks): a grouped
-# all-reduce (one mark per tensor) and a TF1 graph (only what a session fetches runs).
-NATIVE = ("user_groups.py", "user_tf1_graph.py")
+# Every script runs with memdiag's marks as they are by default (the native op: memdiag.nativemarks); these
+# run again with the marks made through Python (MEMDIAG_MARKS=python): a grouped all-reduce (one mark per
+# tensor) and a TF1 graph (only what a session fetches runs).
+PYTHON_MARKS = ("user_groups.py", "user_tf1_graph.py")
 
 
-@pytest.mark.parametrize("name,marks", [(name, "python") if name in CORE else
-                                        pytest.param(name, "python", marks=pytest.mark.slow)
-                                        for name in sorted(SCRIPTS)] + [(name, "native") for name in NATIVE])
+# A script's plain run (its output and Horovod's timeline of what it issued), made once for its runs with
+# both kinds of marks.
+_PLAIN: dict[str, tuple[subprocess.CompletedProcess, list]] = {}
+
+
+def plain_run(name: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, list]:
+    if name not in _PLAIN:
+        plain = plain_mpirun(ROOT / "examples" / name, SCRIPTS[name], tmp_path / "plain-timeline.json")
+        assert plain.returncode == 0, plain.stdout + plain.stderr
+        _PLAIN[name] = plain, timeline_collectives(read_timeline(str(tmp_path / "plain-timeline.json")).events)
+    return _PLAIN[name]
+
+
+@pytest.mark.parametrize("name,marks", [(name, "native") if name in CORE else
+                                        pytest.param(name, "native", marks=pytest.mark.slow)
+                                        for name in sorted(SCRIPTS)] + [(name, "python") for name in PYTHON_MARKS])
 def test_a_script_runs_under_memdiag_exactly_as_under_plain_mpirun(name, marks, runs_root, tmp_path, monkeypatch):
     script, args = ROOT / "examples" / name, SCRIPTS[name]
     # GIVEN the script's run under plain mpirun, with Horovod's timeline of what it issued
-    plain = plain_mpirun(script, args, tmp_path / "plain-timeline.json")
-    assert plain.returncode == 0, plain.stdout + plain.stderr
-    issued = timeline_collectives(read_timeline(str(tmp_path / "plain-timeline.json")).events)
+    plain, issued = plain_run(name, tmp_path)
     assert issued
     # WHEN memdiag runs it as written (no mode given), its marks inside graphs made as asked
     out = runs_root / f"as-written-{script.stem}-{marks}"

@@ -15,12 +15,7 @@ pytestmark = pytest.mark.mpi
 TINY = PRESETS["transformer"]["tiny"]
 
 
-@pytest.fixture(scope="module")
-def sparse_run(runs_root):
-    out = runs_root / "sparse-n2"
-    result = memdiag("run", "transformer", "-n", "2", "--steps", "3", "--mode", "sparse", "--out", str(out))
-    assert result.returncode == 0, result.stdout + result.stderr
-    return out, result
+# sparse_run: tests/conftest.py (shared with test_faults.py)
 
 
 @pytest.fixture(scope="module")
