@@ -7,8 +7,9 @@ about 50 ms a step on 2 ranks of 2 cores when the machine is idle), run as writt
     plain:   mpirun -np N python probes/short_step_script.py --steps S --phases
     memdiag: memdiag run probes/short_step_script.py -n N -- --steps S --phases
 
-for each S in --steps (default 1, 30, 150), the two interleaved (their order alternates) and
-repeated. Printed per run: wall time, CPU time of every process of the run (RUSAGE_CHILDREN), and
+and with memdiag's marks through Python (``memdiag-python``: ``MEMDIAG_MARKS=python``; ``memdiag`` is the
+default, the native op), for each S in --steps (default 1, 30, 150), the variants interleaved (their
+order rotates) and repeated. Printed per run: wall time, CPU time of every process of the run (RUSAGE_CHILDREN), and
 the phases, from rank 0's own clock and memdiag's run.json and records:
 
     launch      from the command's start to the script's first line (mpirun, Python, for memdiag
@@ -25,6 +26,7 @@ then, per variant, the medians, and the fixed and per-step costs fitted (least s
 median walls over S, with memdiag's minus plain's::
 
     .venv/bin/python probes/fixed_cost.py [--np 2] [--steps 1 30 150] [--repeats 3]
+        [--variants plain memdiag memdiag-python]
 """
 
 from __future__ import annotations
@@ -63,7 +65,10 @@ def _records(path: str) -> list[dict]:
 
 def run_once(variant: str, ranks: int, steps: int, tmp: str, tag: str) -> dict:
     script_args = ["--steps", str(steps), "--phases"]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = {k: v for k, v in os.environ.items() if k != "MEMDIAG_MARKS"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    if variant == "memdiag-python":
+        env["MEMDIAG_MARKS"] = "python"
     out = os.path.join(tmp, tag)
     if variant == "plain":
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks),
@@ -74,7 +79,7 @@ def run_once(variant: str, ranks: int, steps: int, tmp: str, tag: str) -> dict:
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, stdin=subprocess.DEVNULL)
     t1, cpu1 = time.time(), _children_cpu()
     text = done.stdout
-    if variant == "memdiag" and os.path.exists(os.path.join(out, "mpirun.log")):
+    if variant != "plain" and os.path.exists(os.path.join(out, "mpirun.log")):
         with open(os.path.join(out, "mpirun.log"), encoding="utf-8") as f:
             text = f.read()
     marks = {name: float(t) for name, t in PHASE.findall(text)}
@@ -88,7 +93,10 @@ def run_once(variant: str, ranks: int, steps: int, tmp: str, tag: str) -> dict:
         "steps": marks["last_step_end"] - marks["first_step"],
         "wind-up": t1 - marks["last_step_end"],
     }
-    if variant == "memdiag":
+    marks_used = None
+    if variant != "plain":
+        [start] = [r for r in _records(os.path.join(out, "rank-0.jsonl")) if r.get("type") == "start"]
+        marks_used = start.get("marks")
         with open(os.path.join(out, "run.json"), encoding="utf-8") as f:
             manifest = json.load(f)
         ends = [r["t"] for rank in range(ranks) for r in _records(os.path.join(out, f"rank-{rank}.jsonl"))
@@ -104,7 +112,7 @@ def run_once(variant: str, ranks: int, steps: int, tmp: str, tag: str) -> dict:
         parts["summary+report"] = t1 - manifest["finished"]
     step_time = parts["steps"] / steps
     return {"variant": variant, "steps": steps, "wall": t1 - t0, "cpu": cpu1 - cpu0, "parts": parts,
-            "step_time": step_time}
+            "step_time": step_time, "marks": marks_used}
 
 
 def _fit(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -121,7 +129,12 @@ def main() -> int:
     parser.add_argument("--np", type=int, default=2)
     parser.add_argument("--steps", type=int, nargs="+", default=[1, 30, 150])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--variants", nargs="+", default=["plain", "memdiag", "memdiag-python"],
+                        choices=["plain", "memdiag", "memdiag-python"])
     args = parser.parse_args()
+    variants = ["plain", *[v for v in args.variants if v != "plain"]]
+    if len(variants) < 2:
+        parser.error("--variants: name at least one memdiag variant beside plain")
 
     print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f} (1 min) at the start; "
           f"{args.np} ranks; steps {args.steps}; {args.repeats} repeats")
@@ -129,11 +142,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="memdiag-fixed-cost-") as tmp:
         for repeat in range(args.repeats):
             for steps in args.steps:
-                order = ("plain", "memdiag") if (repeat + steps) % 2 == 0 else ("memdiag", "plain")
-                for variant in order:
+                shift = (repeat + args.steps.index(steps)) % len(variants)
+                for variant in variants[shift:] + variants[:shift]:
                     run = run_once(variant, args.np, steps, tmp, f"{variant}-{steps}-{repeat}")
                     runs.append(run)
-                    print(f"  repeat {repeat + 1} steps {steps:4d} {variant:8s} wall {run['wall']:7.2f} s  "
+                    marks = f" ({run['marks']} marks)" if run["marks"] else ""
+                    print(f"  repeat {repeat + 1} steps {steps:4d} {variant + marks:28s} wall {run['wall']:7.2f} s  "
                           f"cpu {run['cpu']:7.2f} s  step {run['step_time'] * 1e3:7.1f} ms  "
                           + "  ".join(f"{k} {run['parts'][k]:.2f}" for k in PARTS), flush=True)
     print(f"load average {os.getloadavg()[0]:.1f} (1 min) at the end\n")
@@ -143,32 +157,34 @@ def main() -> int:
                   if r["variant"] == variant and r["steps"] == steps]
         return statistics.median(values)
 
-    print(f"{'steps':>5s} {'plain wall':>10s} {'memdiag wall':>12s} {'ratio':>6s} {'plain cpu':>9s} "
-          f"{'memdiag cpu':>11s} {'ratio':>6s}")
-    for steps in args.steps:
-        pw, mw = median("plain", steps, "wall"), median("memdiag", steps, "wall")
-        pc, mc = median("plain", steps, "cpu"), median("memdiag", steps, "cpu")
-        print(f"{steps:5d} {pw:9.2f}s {mw:11.2f}s {mw / pw:6.2f} {pc:8.2f}s {mc:10.2f}s {mc / pc:6.2f}")
+    for variant in variants[1:]:
+        print(f"{variant}\n{'steps':>5s} {'plain wall':>10s} {'memdiag wall':>12s} {'ratio':>6s} {'plain cpu':>9s} "
+              f"{'memdiag cpu':>11s} {'ratio':>6s}")
+        for steps in args.steps:
+            pw, mw = median("plain", steps, "wall"), median(variant, steps, "wall")
+            pc, mc = median("plain", steps, "cpu"), median(variant, steps, "cpu")
+            print(f"{steps:5d} {pw:9.2f}s {mw:11.2f}s {mw / pw:6.2f} {pc:8.2f}s {mc:10.2f}s {mc / pc:6.2f}")
 
-    print("\nmedian seconds per phase (memdiag - plain)")
-    for steps in args.steps:
-        cells = [f"{k} {median('memdiag', steps, k) - median('plain', steps, k):+.2f}" for k in PARTS]
-        print(f"  steps {steps:4d}: " + "  ".join(cells))
-        seen: list[str] = []
-        for r in runs:
-            seen += [k for k in r["parts"] if k not in PARTS and k not in seen]
-        print("      memdiag: " + "  ".join(f"{k} {median('memdiag', steps, k):.2f}" for k in seen))
+        print(f"median seconds per phase ({variant} - plain)")
+        for steps in args.steps:
+            cells = [f"{k} {median(variant, steps, k) - median('plain', steps, k):+.2f}" for k in PARTS]
+            print(f"  steps {steps:4d}: " + "  ".join(cells))
+            seen: list[str] = []
+            for r in runs:
+                seen += [k for k in r["parts"] if k not in PARTS and k not in seen]
+            print(f"      {variant}: " + "  ".join(f"{k} {median(variant, steps, k):.2f}" for k in seen))
 
-    if len(args.steps) >= 2:
-        fits = {v: _fit([(s, median(v, s, "wall")) for s in args.steps]) for v in ("plain", "memdiag")}
-        step_fits = {v: _fit([(s, median(v, s, "steps")) for s in args.steps]) for v in ("plain", "memdiag")}
-        fixed = fits["memdiag"][0] - fits["plain"][0]
-        per_step = step_fits["memdiag"][1] - step_fits["plain"][1]
-        plain_step = step_fits["plain"][1]
-        print(f"\nfitted: plain {fits['plain'][0]:.2f} s + {fits['plain'][1] * 1e3:.1f} ms/step; "
-              f"memdiag {fits['memdiag'][0]:.2f} s + {fits['memdiag'][1] * 1e3:.1f} ms/step (whole walls)")
-        print(f"memdiag's fixed cost {fixed:+.2f} s per run; per-step cost {per_step * 1e3:+.2f} ms on a "
-              f"{plain_step * 1e3:.1f} ms step ({100 * per_step / plain_step:+.1f}%, from the steps phase's slope)")
+        if len(args.steps) >= 2:
+            fits = {v: _fit([(s, median(v, s, "wall")) for s in args.steps]) for v in ("plain", variant)}
+            step_fits = {v: _fit([(s, median(v, s, "steps")) for s in args.steps]) for v in ("plain", variant)}
+            fixed = fits[variant][0] - fits["plain"][0]
+            per_step = step_fits[variant][1] - step_fits["plain"][1]
+            plain_step = step_fits["plain"][1]
+            print(f"fitted: plain {fits['plain'][0]:.2f} s + {fits['plain'][1] * 1e3:.1f} ms/step; "
+                  f"{variant} {fits[variant][0]:.2f} s + {fits[variant][1] * 1e3:.1f} ms/step (whole walls)")
+            print(f"{variant}'s fixed cost {fixed:+.2f} s per run; per-step cost {per_step * 1e3:+.2f} ms on a "
+                  f"{plain_step * 1e3:.1f} ms step ({100 * per_step / plain_step:+.1f}%, from the steps phase's "
+                  "slope)\n")
     return 0
 
 
