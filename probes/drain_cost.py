@@ -1,0 +1,96 @@
+"""What the tracer's drain costs per native mark: the records of K collectives a step, made in memory as
+the native op writes them (memdiag/native/mark_op.cc), handed to memdiag.agent.hooks.CollectiveHooks's
+dispatch in one batch per step, into the real tracer (steps found from the collectives, records written
+and flushed at each step's end). No graph runs: this is the sampler thread's share of native marks,
+which in a rank runs beside the job's step.
+
+    .venv/bin/python probes/drain_cost.py [--collectives 5 38] [--steps 400] [--repeats 3]
+
+Prints, per K, the median over repeats of the time per record and per step (step ends included), and
+what that is of a 50 ms step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from memdiag import nativemarks  # noqa: E402
+from memdiag.agent.hooks import CollectiveHooks  # noqa: E402
+from memdiag.agent.records import RecordWriter  # noqa: E402
+from memdiag.agent.sampler import MemorySampler  # noqa: E402
+from memdiag.agent.tracer import Tracer  # noqa: E402
+
+WORDS = nativemarks.HEADER + nativemarks.MAX_INPUTS * (1 + nativemarks.MAX_VALUES)
+
+
+def _records(collectives: int, steps: int) -> list[np.ndarray]:
+    """Per step, a begin and an end record of each collective (keys 2i and 2i+1), 1 us apart."""
+    t0, index, batches = time.time_ns(), 0, []
+    values = nativemarks.HEADER + nativemarks.MAX_INPUTS
+    for step in range(steps):
+        batch = np.zeros((2 * collectives, WORDS), dtype=np.int64)
+        for i in range(collectives):
+            for j, kind in enumerate((nativemarks.BEGIN, nativemarks.END)):
+                row = batch[2 * i + j]
+                row[:6] = [index, 2 * i + j, kind, 1 if kind == nativemarks.BEGIN else 2,
+                           t0 + (step * 2 * collectives + 2 * i + j) * 1000, 1]
+                index += 1
+                row[nativemarks.HEADER] = 2
+                row[values:values + 2] = [64, 32 + i]
+                if kind == nativemarks.END:
+                    row[nativemarks.HEADER + 1] = 2
+                    row[values + nativemarks.MAX_VALUES:values + nativemarks.MAX_VALUES + 2] = [64, 32 + i]
+        batches.append(batch)
+    return batches
+
+
+def once(collectives: int, steps: int) -> float:
+    """Seconds to dispatch ``steps`` steps of ``collectives`` collectives' records."""
+    with tempfile.TemporaryDirectory(prefix="memdiag-drain-cost-") as tmp:
+        writer = RecordWriter(os.path.join(tmp, "rank-0.jsonl"), 0)
+        tracer = Tracer(writer, MemorySampler(0.005), rank=0, auto_steps=True)
+        hooks = CollectiveHooks(tracer, "as-written", 1.0, lambda: 2, lambda d: None)
+        for i in range(collectives):
+            meta = {"op": "allreduce", "name": f"grad_{i}", "part": None, "dtype": "float32", "itemsize": 4,
+                    "sparse": False, "densified": False, "merged": False, "grouped": False, "gradient": True,
+                    "reduce_op": "average", "process_set_size": 2}
+            hooks._marked += [("allreduce", meta, 2), ("allreduce", meta, 0)]  # begin, end
+        batches = _records(collectives, steps)
+        start = time.perf_counter()
+        for batch in batches:
+            hooks._dispatch(batch)
+        elapsed = time.perf_counter() - start
+        writer.close()
+        if hooks.failures:
+            raise SystemExit(f"the tracer failed: {dict(hooks.failures)}")
+        return elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--collectives", type=int, nargs="+", default=[5, 38])
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}; {args.steps} steps, "
+          f"median of {args.repeats}")
+    for k in args.collectives:
+        runs = [once(k, args.steps) for _ in range(args.repeats)]
+        per_step = statistics.median(runs) / args.steps
+        print(f"{k:3d} collectives a step: {per_step / (2 * k) * 1e6:6.1f} us a record, {per_step * 1e3:6.3f} ms a "
+              f"step ({100 * per_step / 0.050:.2f}% of a 50 ms step); runs "
+              + " ".join(f"{r:.3f}" for r in runs) + " s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
