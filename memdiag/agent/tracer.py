@@ -56,6 +56,7 @@ class _Span:
 # The most collective metas whose kind key the tracer remembers (memdiag.agent.records.CollectiveRecords).
 KIND_KEYS_KEPT = 4096
 
+
 class Tracer:
     def __init__(
         self,
