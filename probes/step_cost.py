@@ -18,10 +18,13 @@ and the median time per call (over --repeats blocks of --calls calls) is printed
 from the row before: what each part adds to a step of K collectives, and that as a share of a 50 ms
 step (issue: under 1 % at 50 ms steps)::
 
-    .venv/bin/python probes/step_cost.py [--collectives 5 38] [--calls 300] [--repeats 5]
+    .venv/bin/python probes/step_cost.py [--collectives 5 38] [--calls 300] [--repeats 5] [--step-ms MS]
 
 The stand-in collectives cost nothing, so the figures are memdiag's own time on the step's path; a
-real step also shares the cores with the sampler's thread and Horovod's.
+real step also shares the cores with the sampler's thread and Horovod's. ``--step-ms MS`` gives every
+step, bare ones too, a chain of 512 x 512 matrix products that takes about MS milliseconds bare
+(calibrated first): TensorFlow's threads then keep the cores busy for a step as long as a real one,
+and the sampler thread (which drains the native marks) competes with them for the cores.
 """
 
 from __future__ import annotations
@@ -65,10 +68,15 @@ class _IdleTracer:
         pass
 
 
-def build(collectives: int, hooks: CollectiveHooks | None):
+def build(collectives: int, hooks: CollectiveHooks | None, work: int = 0):
     @tf.function
     def step(x):
         outputs = []
+        if work:  # the step's compute: a chain of matrix products, its result part of the step's output
+            m = tf.reshape(tf.tile(x, [1024]), [512, 512]) / 512.0
+            for _ in range(work):
+                m = tf.linalg.matmul(m, m) / 512.0
+            x = x + tf.reduce_sum(m[:1, :256], axis=0) * 1e-30
         for i in range(collectives):
             tensor = x + float(i)
             if hooks is None:
@@ -97,6 +105,12 @@ def per_call(step, calls: int, repeats: int) -> float:
     return statistics.median(blocks)
 
 
+def calibrate(step_ms: float) -> int:
+    """The number of matrix products that makes a bare step take about ``step_ms`` milliseconds."""
+    one = per_call(build(1, None, work=8), 20, 3) / 8
+    return max(1, round(step_ms / 1e3 / one))
+
+
 def rank_tracer(path: str) -> tuple[MemorySampler, RecordWriter, Tracer, CollectiveHooks]:
     """A rank's sampler (not started), record writer, tracer (steps found from the collectives) and hooks."""
     sampler = MemorySampler(0.005)
@@ -110,24 +124,27 @@ def main() -> int:
     parser.add_argument("--collectives", type=int, nargs="+", default=[5, 38])
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--step-ms", type=float, default=0.0,
+                        help="give every step about this much compute (0: the stand-ins only)")
     args = parser.parse_args()
     install()
+    work = calibrate(args.step_ms) if args.step_ms > 0 else 0
     marks, how = nativemarks.load({nativemarks.ENV: "native"})
     print(f"marks: {how}")
     print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}; median of {args.repeats} blocks "
-          f"of {args.calls} calls")
+          f"of {args.calls} calls" + (f"; {work} matrix products a step" if work else ""))
     with tempfile.TemporaryDirectory(prefix="memdiag-step-cost-") as tmp:
         for k in args.collectives:
             rows: list[tuple[str, float]] = []
-            rows.append(("bare", per_call(build(k, None), args.calls, args.repeats)))
+            rows.append(("bare", per_call(build(k, None, work), args.calls, args.repeats)))
             idle = CollectiveHooks(_IdleTracer(), "as-written", 1.0, lambda: 2, lambda d: None)
-            rows.append(("marks", per_call(build(k, idle), args.calls, args.repeats)))
+            rows.append(("marks", per_call(build(k, idle, work), args.calls, args.repeats)))
             sampler, writer, tracer, real = rank_tracer(os.path.join(tmp, f"rank-{k}.jsonl"))
-            rows.append(("tracer", per_call(build(k, real), args.calls, args.repeats)))
+            rows.append(("tracer", per_call(build(k, real, work), args.calls, args.repeats)))
             steps = tracer.step + 1
             sampler.start()
             try:
-                rows.append(("+ sampler", per_call(build(k, real), args.calls, args.repeats)))
+                rows.append(("+ sampler", per_call(build(k, real, work), args.calls, args.repeats)))
             finally:
                 sampler.stop()
                 writer.close()
@@ -136,7 +153,7 @@ def main() -> int:
                 native.use_native(marks)
                 sampler.start()
                 try:
-                    rows.append(("native", per_call(build(k, native), args.calls, args.repeats)))
+                    rows.append(("native", per_call(build(k, native, work), args.calls, args.repeats)))
                 finally:
                     sampler.stop()
                     tracer.finish()
