@@ -119,6 +119,19 @@ def rank_tracer(path: str) -> tuple[MemorySampler, RecordWriter, Tracer, Collect
     return sampler, writer, tracer, CollectiveHooks(tracer, "as-written", 1.0, lambda: 2, lambda d: None)
 
 
+def sampled(hooks: CollectiveHooks, step, calls: int, repeats: int) -> float:
+    """:func:`per_call` with the hooks' sampler running; then the tracer's last step ended and its
+    records closed."""
+    tracer = hooks.tracer
+    tracer.sampler.start()
+    try:
+        return per_call(step, calls, repeats)
+    finally:
+        tracer.sampler.stop()
+        tracer.finish()
+        tracer.writer.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--collectives", type=int, nargs="+", default=[5, 38])
@@ -142,22 +155,12 @@ def main() -> int:
             sampler, writer, tracer, real = rank_tracer(os.path.join(tmp, f"rank-{k}.jsonl"))
             rows.append(("tracer", per_call(build(k, real, work), args.calls, args.repeats)))
             steps = tracer.step + 1
-            sampler.start()
-            try:
-                rows.append(("+ sampler", per_call(build(k, real, work), args.calls, args.repeats)))
-            finally:
-                sampler.stop()
-                writer.close()
+            rows.append(("+ sampler", sampled(real, build(k, real, work), args.calls, args.repeats)))
             if marks is not None:  # the same tracer and sampler, the marks written by the native op
-                sampler, writer, tracer, native = rank_tracer(os.path.join(tmp, f"rank-native-{k}.jsonl"))
+                *_, native = rank_tracer(os.path.join(tmp, f"rank-native-{k}.jsonl"))
                 native.use_native(marks)
-                sampler.start()
-                try:
-                    rows.append(("native", per_call(build(k, native, work), args.calls, args.repeats)))
-                finally:
-                    sampler.stop()
-                    tracer.finish()
-                    writer.close()
+                rows.append(("native", sampled(native, build(k, native, work), args.calls, args.repeats)))
+                tracer = native.tracer
                 lost = f", {marks.lost} native marks lost" if marks.lost else ""
                 native_steps = f"; native: {tracer.step + 1} steps{lost}"
             else:

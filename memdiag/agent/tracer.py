@@ -92,8 +92,9 @@ class Tracer:
         self.on_step_end: list[Callable[[int], dict[str, Any] | None]] = []
         self.step_peaks: list[int] = []  # peak RSS of each training step (step >= 0), in order
         self._collective_records = CollectiveRecords(writer)  # compact after the first steps
-        # per collective's meta (by identity: in a graph the hooks keep one per call site; eager calls make
-        # a new one each, so the cache is emptied when full), its records' kind key
+        # per collective's meta (by identity, the meta held here so that its id is not reused: in a graph the
+        # hooks keep one per call site; eager calls make a new one each, so this is emptied when full), its
+        # records' kind key
         self._kind_keys: dict[int, tuple[dict[str, Any], Any]] = {}
         self._series = SeriesPolicy()  # which steps' mem records keep their samples
         # Marks written by the native op (memdiag.nativemarks) reach the tracer when something drains
@@ -249,7 +250,7 @@ class Tracer:
             if t is not None:
                 record["t"] = t
             known = self._kind_keys.get(id(meta)) if not extra else None
-            if known is not None and known[0] is meta:
+            if known is not None:
                 self._collective_records.add(record, known[1])
             else:
                 key = self._collective_records.add(record)
