@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         tracker.__exit__(None, None, None)
     sampler.stop()
     run_peak = tracer.hwm.run_peak() if tracer is not None else read_hwm()
-    end: dict[str, Any] = {"type": "end", "status": status, "error": error, "hwm_bytes": run_peak}
+    end: dict[str, Any] = {"type": "end", "status": status, "error": error, "hwm_bytes": run_peak,
+                           "sampler_cpu_s": sampler.cpu_s}
     if hooks is not None and hooks.failures:
         end["bookkeeping_failures"] = hooks.failure_counts()
     writer.write_now(end)

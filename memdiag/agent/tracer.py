@@ -158,7 +158,7 @@ class Tracer:
                 "step_time_s": now - self._step_start,
                 "peak_rss_bytes": peak,
                 "sampled_peak_rss_bytes": sampled,
-                "hwm_bytes": self.hwm.run_peak(),
+                "hwm_bytes": self.hwm.run_peak(read=False),  # read by hwm.peak() above
                 "exact_peak": len(exact) == len(spans),
                 **phase_rises(times, rss, start, end),
                 "collective_live_peak_bytes": self._live_collective_bytes(),

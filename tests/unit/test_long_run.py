@@ -83,7 +83,7 @@ class NoMark:
     def peak(self) -> None:
         return None
 
-    def run_peak(self) -> int:
+    def run_peak(self, read: bool = True) -> int:
         return 0
 
 

@@ -1,0 +1,72 @@
+"""The sampler's readings of /proc/self (files kept open) and its own CPU time."""
+
+import os
+import re
+import time
+
+import numpy as np
+
+from memdiag.agent.sampler import MemorySampler, read_hwm, read_rss
+
+MiB = 1 << 20
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _status_kib(field: str) -> int:
+    """A field of /proc/self/status in bytes, read afresh (the file opened here, parsed by line)."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        match = re.search(rf"^{field}:\s+(\d+) kB$", f.read(), re.M)
+    assert match, field
+    return int(match.group(1)) * 1024
+
+
+def _statm_rss() -> int:
+    with open("/proc/self/statm", encoding="ascii") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+def test_readings_from_the_kept_files_follow_the_process_as_it_grows():
+    # GIVEN the readers have been used once (their files are open from now on)
+    read_rss(), read_hwm()
+    before = read_rss()
+    # WHEN the process touches 64 MiB more
+    block = np.ones(64 * MiB // 8)
+    # THEN the kept files give what a fresh open gives, and the growth (a stale read would not show it)
+    assert abs(read_rss() - _statm_rss()) < 4 * MiB
+    assert read_rss() >= before + 60 * MiB
+    assert abs(read_hwm() - _status_kib("VmHWM")) < 4 * MiB
+    del block
+
+
+def test_a_forked_child_reads_its_own_files_not_its_parents():
+    # GIVEN the parent has read through its kept files
+    read_rss(), read_hwm()
+    parent_hwm = read_hwm()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: grow well past the parent's peak, then report both readings
+        try:
+            os.close(read_end)
+            block = np.ones((parent_hwm + 128 * MiB) // 8)
+            os.write(write_end, f"{read_hwm()} {_status_kib('VmHWM')} {int(block[0])}".encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as f:
+        mine, fresh, _ = map(int, f.read().split())
+    os.waitpid(pid, 0)
+    # THEN the child's reader gave the child's own peak (its parent's file would say less)
+    assert abs(mine - fresh) < 4 * MiB and mine > parent_hwm + 100 * MiB
+
+
+def test_the_sampler_reports_its_threads_cpu_time_when_it_stops():
+    sampler = MemorySampler(0.002)
+    assert sampler.cpu_s is None
+    wall = time.monotonic()
+    sampler.start()
+    time.sleep(0.3)
+    sampler.stop()
+    wall = time.monotonic() - wall
+    # a thread that woke about 150 times used some CPU, and less than the time it ran
+    assert sampler.cpu_s is not None and 0 < sampler.cpu_s < wall
+    assert not sampler._thread.is_alive()
