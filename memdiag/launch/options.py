@@ -17,6 +17,9 @@ SPOOLS = ("shared", "local")
 # What starts the ranks: Open MPI's mpirun (the default), or Slurm's srun inside an allocation.
 LAUNCHERS = ("mpirun", "srun")
 DEFAULT_LAUNCHER = "mpirun"
+# --sample-ms: what a rank's sampling thread may be asked (below 1 ms its wakes alone take a good share
+# of a core; above a second, the memory limit and the once-a-second flush would wait on it)
+MIN_SAMPLE_MS, MAX_SAMPLE_MS = 1.0, 1000.0
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,9 @@ class LaunchOptions:
             raise UserError(f"--max-warmup {self.max_warmup}: give 0 (no warm-up steps) or more")
         if self.threads_per_rank is not None and self.threads_per_rank < 1:
             raise UserError(f"--threads-per-rank {self.threads_per_rank}: give at least 1")
+        if not MIN_SAMPLE_MS <= self.sample_interval_s * 1000 <= MAX_SAMPLE_MS:
+            raise UserError(f"--sample-ms {self.sample_interval_s * 1000:g}: give {MIN_SAMPLE_MS:g} to "
+                            f"{MAX_SAMPLE_MS:g} milliseconds")
         if self.launcher not in LAUNCHERS:
             raise UserError(f"--launcher {self.launcher!r}: choose one of {', '.join(LAUNCHERS)}")
         if self.hosts:
@@ -79,6 +85,7 @@ class LaunchOptions:
                    timeout_s=args.timeout, mem_limit_bytes=args.mem_limit, spool=args.spool,
                    memray=args.memray, horovod_timeline=args.horovod_timeline,
                    threads_per_rank=args.threads_per_rank, max_warmup=args.max_warmup,
+                   sample_interval_s=args.sample_ms / 1000,
                    # --launcher is run's and compare's (add_launcher_option), not every verb's
                    launcher=getattr(args, "launcher", None) or DEFAULT_LAUNCHER)
 

@@ -61,10 +61,9 @@ def test_the_command_line_fills_every_option(tmp_path):
         "scale", "transformer", "--weak", "--steps", "7", "--preset", "small", "--set", "d_model=16",
         "--margin", "1.5", "--seed", "99", "--hosts", "hostA:2,hostB:2", "--timeout", "120", "--mem-limit", "3G",
         "--spool", "local", "--memray", "--horovod-timeline", "--threads-per-rank", "2", "--max-warmup", "6",
-        "--launcher", "srun"])
+        "--sample-ms", "10", "--launcher", "srun"])
     options = LaunchOptions.from_args(args, ["--lr", "0.1"])
-    # Only the sampling period has no flag.
-    assert _changed(LaunchOptions(**NON_DEFAULT), options) == {"sample_interval_s"}
+    assert _changed(LaunchOptions(**NON_DEFAULT), options) == set()
 
 
 def test_the_agent_gets_each_option_it_uses_and_a_round_trip_keeps_them():
@@ -98,6 +97,7 @@ def test_options_are_frozen_and_a_study_cannot_change_another_runs_options():
 @pytest.mark.parametrize("bad, message", [
     (dict(steps=0), "--steps"), (dict(margin=0.0), "--margin"), (dict(spool="nfs"), "--spool"),
     (dict(hosts="node1:0"), "--hosts"), (dict(timeout_s=-1.0), "--timeout"),
+    (dict(sample_interval_s=0.0005), "--sample-ms 0.5: give 1 to 1000"), (dict(sample_interval_s=2.0), "--sample-ms"),
 ])
 def test_bad_options_are_one_line_errors(bad, message):
     with pytest.raises(UserError, match=message):
