@@ -183,6 +183,7 @@ class EndRecord(_Record, total=False):
     status: str  # ok / error / environment
     error: str | None
     hwm_bytes: int
+    sampler_cpu_s: float | None  # CPU seconds of memdiag's sampling thread (None: it did not end)
     bookkeeping_failures: dict[str, int]  # what memdiag could not do -> how often (absent: nothing failed)
 
 
@@ -244,6 +245,8 @@ class RankSummary(TypedDict, total=False):
     tail_peak_rss_bytes: int | None  # a script's last step, which runs on to the script's end
     error: str | None
     killed: KilledRecord | None
+    sampler_cpu_s: float | None  # memdiag's sampling thread's CPU seconds (the end record's)
+    agent_wall_s: float | None  # from the rank's start record to its end record
 
 
 class CompareRow(TypedDict, total=False):

@@ -69,7 +69,16 @@ def rank_summary(records: RankRecords, live: dict[int, int] | None = None) -> di
         **steady_figures(sorted(steps, key=lambda s: s["step"]), records.memory),
         "error": end.get("error"),
         "killed": records.killed,
+        # memdiag's own cost on this rank: its sampling thread's CPU seconds (end record), and the
+        # seconds from the rank's start record to its end record
+        "sampler_cpu_s": end.get("sampler_cpu_s"),
+        "agent_wall_s": _agent_wall(records),
     }
+
+
+def _agent_wall(records: RankRecords) -> float | None:
+    start, end = (records.start or {}).get("t"), (records.end or {}).get("t")
+    return end - start if isinstance(start, (int, float)) and isinstance(end, (int, float)) else None
 
 
 def _log(collectives: Sequence[dict[str, Any]]) -> CollectiveLog:

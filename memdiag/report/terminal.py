@@ -172,9 +172,24 @@ def footer(summary: dict[str, Any]) -> Text:
         if r.get("error") and not (failure and failure["kind"] == "error" and f"rank {r['rank']} " in failure["headline"]):
             last_line = r["error"].strip().splitlines()[-1]
             text.append(f"rank {r['rank']} failed after step {r['last_step']}: {last_line}\n", style="red")
+    own = sampler_cost_line(summary)
+    if own:
+        text.append(own + "\n", style="dim")
     for warning in summary.get("warnings", []):
         text.append(f"warning: {warning}\n", style="yellow")
     return text
+
+
+def sampler_cost_line(summary: dict[str, Any]) -> str | None:
+    """memdiag's own cost, as the ranks measured it: the CPU its sampling thread used on the rank where
+    that was the largest share of the rank's time (None when no rank says)."""
+    shares = [(r["sampler_cpu_s"] / r["agent_wall_s"], r) for r in summary["ranks"]
+              if isinstance(r.get("sampler_cpu_s"), (int, float)) and (r.get("agent_wall_s") or 0) > 0]
+    if not shares:
+        return None
+    share, r = max(shares, key=lambda pair: pair[0])
+    return (f"memdiag's sampling thread used {r['sampler_cpu_s']:.2f} s of CPU on rank {r['rank']} "
+            f"({100 * share:.1f}% of a core over its {r['agent_wall_s']:.1f} s; --sample-ms sets how often it wakes)")
 
 
 # What the live collective figure assumes (memdiag.analyze.summary._LiveStep): it is not a measurement.

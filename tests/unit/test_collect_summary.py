@@ -70,3 +70,27 @@ def test_reader_survives_any_truncation_or_corruption(tmp_path_factory, cut, noi
     if not noise:
         # every complete line is kept; a last line cut before its newline counts only if whole
         assert complete <= kept <= complete + 1
+
+
+def test_the_samplers_cost_reaches_the_summary_and_the_report_names_the_costliest_rank(tmp_path):
+    import json
+
+    from memdiag.report.terminal import sampler_cost_line
+
+    path = make_run(tmp_path / "r", world_size=2, steps=2)
+    for rank, (start, end, cpu) in enumerate([(100.0, 110.0, 0.2), (100.0, 104.0, 0.3)]):
+        file = path / f"rank-{rank}.jsonl"
+        records = [json.loads(line) for line in file.read_text().splitlines()]
+        for record in records:
+            if record["type"] == "start":
+                record["t"] = start
+            if record["type"] == "end":
+                record.update(t=end, sampler_cpu_s=cpu)
+        file.write_text("".join(json.dumps(r) + "\n" for r in records))
+    s = summarize(load_run(str(path)))
+    assert [(r["sampler_cpu_s"], r["agent_wall_s"]) for r in s["ranks"]] == [(0.2, 10.0), (0.3, 4.0)]
+    # rank 1: 0.3 s of 4 s (7.5%) is a larger share than rank 0's 0.2 s of 10 s (2%)
+    line = sampler_cost_line(s)
+    assert line is not None and "0.30 s of CPU on rank 1 (7.5% of a core over its 4.0 s" in line
+    # a run from before the field (no sampler_cpu_s in its end records) has no line
+    assert sampler_cost_line({"ranks": [{**r, "sampler_cpu_s": None} for r in s["ranks"]]}) is None
