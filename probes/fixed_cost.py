@@ -8,9 +8,10 @@ about 50 ms a step on 2 ranks of 2 cores when the machine is idle), run as writt
     memdiag: memdiag run probes/short_step_script.py -n N -- --steps S --phases
 
 and with memdiag's marks through Python (``memdiag-python``: ``MEMDIAG_MARKS=python``; ``memdiag`` is the
-default, the native op), for each S in --steps (default 1, 30, 150), the variants interleaved (their
-order rotates) and repeated. Printed per run: wall time, CPU time of every process of the run (RUSAGE_CHILDREN), and
-the phases, from rank 0's own clock and memdiag's run.json and records:
+default, the native op) or sampling every 20 ms (``memdiag-sample20``: ``--sample-ms 20``), for each S
+in --steps (default 1, 30, 150), the variants interleaved (their order rotates) and repeated. Printed per
+run: wall time, CPU time of every process of the run (RUSAGE_CHILDREN), and the phases, from rank 0's own
+clock and memdiag's run.json and records:
 
     launch      from the command's start to the script's first line (mpirun, Python, for memdiag
                 also its launcher and agent before the script: under memdiag the agent has imported
@@ -22,11 +23,13 @@ the phases, from rank 0's own clock and memdiag's run.json and records:
                 wind-up (to their end records), the ranks' exit to mpirun's, collecting the records
                 (to run.json's "finished") and the summary and report
 
+and, for memdiag, the CPU time of its sampling thread (mean over the ranks, from their ``end`` records),
+
 then, per variant, the medians, and the fixed and per-step costs fitted (least squares) to the
 median walls over S, with memdiag's minus plain's::
 
     .venv/bin/python probes/fixed_cost.py [--np 2] [--steps 1 30 150] [--repeats 3]
-        [--variants plain memdiag memdiag-python]
+        [--variants plain memdiag memdiag-python memdiag-sample20]
 """
 
 from __future__ import annotations
@@ -74,7 +77,8 @@ def run_once(variant: str, ranks: int, steps: int, tmp: str, tag: str) -> dict:
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks),
                sys.executable, SCRIPT, *script_args]
     else:
-        cmd = [_memdiag(), "run", SCRIPT, "-n", str(ranks), "--out", out, "--", *script_args]
+        sampling = ["--sample-ms", "20"] if variant == "memdiag-sample20" else []
+        cmd = [_memdiag(), "run", SCRIPT, "-n", str(ranks), "--out", out, *sampling, "--", *script_args]
     cpu0, t0 = _children_cpu(), time.time()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, stdin=subprocess.DEVNULL)
     t1, cpu1 = time.time(), _children_cpu()
@@ -99,8 +103,12 @@ def run_once(variant: str, ranks: int, steps: int, tmp: str, tag: str) -> dict:
         marks_used = start.get("marks")
         with open(os.path.join(out, "run.json"), encoding="utf-8") as f:
             manifest = json.load(f)
-        ends = [r["t"] for rank in range(ranks) for r in _records(os.path.join(out, f"rank-{rank}.jsonl"))
-                if r.get("type") == "end"]
+        end_records = [r for rank in range(ranks) for r in _records(os.path.join(out, f"rank-{rank}.jsonl"))
+                       if r.get("type") == "end"]
+        ends = [r["t"] for r in end_records]
+        sampler_cpu = [r["sampler_cpu_s"] for r in end_records if r.get("sampler_cpu_s") is not None]
+        if sampler_cpu:  # CPU of memdiag's sampling thread, mean over the ranks (not a part of the wall)
+            parts["sampler thread cpu a rank"] = statistics.fmean(sampler_cpu)
         first_sample = min(r["t_first"] for r in _records(os.path.join(out, "rank-0.jsonl")) if r.get("type") == "mem")
         mpirun_end = manifest["created"] + manifest["wall_s"]  # mpirun starts just after run.json is made
         parts["launch: launcher"] = manifest["created"] - t0
@@ -130,7 +138,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, nargs="+", default=[1, 30, 150])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--variants", nargs="+", default=["plain", "memdiag", "memdiag-python"],
-                        choices=["plain", "memdiag", "memdiag-python"])
+                        choices=["plain", "memdiag", "memdiag-python", "memdiag-sample20"])
     args = parser.parse_args()
     variants = ["plain", *[v for v in args.variants if v != "plain"]]
     if len(variants) < 2:
