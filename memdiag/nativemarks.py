@@ -81,6 +81,8 @@ class Marks:
         self._buffer = np.empty((self.capacity, self.words), dtype=np.int64)
         self._buffer.fill(0)
         self.resident_bytes += self._buffer.nbytes
+        # the buffer never moves: its pointer made once (numpy's ctypes view costs more than the read)
+        self._pointer = self._buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_int64))
         self.lost = 0
 
     def mark(self, key: int, kind: int, shapes: list[Any]) -> Any:
@@ -96,8 +98,7 @@ class Marks:
     def read(self) -> npt.NDArray[np.int64]:
         """The records written since the last read, in the order they were written (rows of
         ``words`` int64: index, key, kind, n_inputs, t_ns, tid, counts, values)."""
-        n = int(self._c.memdiag_ring_read(self._buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)),
-                                          self.capacity, self._next))
+        n = self._c.memdiag_ring_read(self._pointer, self.capacity, self._next)
         if n == 0:
             return self._buffer[:0]
         records = self._buffer[:n].copy()
