@@ -22,10 +22,10 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 class _ProcFile:
     """A file of /proc/self kept open. Read with ``pread`` at offset 0, the kernel writes it afresh each
-    time, without the path lookup, open and close that cost more than the read itself (on a 2-core VM:
-    a sample of RSS took about 190 us of CPU with ``open`` each time, 110 us with the file kept open;
-    ``probes/sampler_cost.py``). Opened on first use, and again in a forked child, whose inherited
-    descriptor names its parent."""
+    time, without the path lookup, open and close that cost more than the read itself
+    (``probes/sampler_cost.py``: on a 2-core VM a step's high-water-mark work took 21 us of CPU with the
+    files kept open, 103-113 us opening them each time). Opened on first use, and again in a forked
+    child, whose inherited descriptor names its parent."""
 
     _all: list[_ProcFile] = []
 
@@ -49,8 +49,6 @@ class _ProcFile:
                 os.close(self._fd)
         self._fd = -1
         self._lock = threading.Lock()
-
-
 
 
 def _forget_proc_files() -> None:
@@ -192,8 +190,8 @@ class MemorySampler:
 
     def _loop(self) -> None:
         last_tick = time.monotonic()
-        # time.sleep, not the stop event's wait(): a wake through a Condition costs about 40 us more of
-        # CPU (on a 2-core VM, 200 wakes a second); stop() waits at most one interval for the thread.
+        # time.sleep, not the stop event's wait(): a wake through a Condition cost 28-47 us more CPU on a
+        # 2-core VM (probes/sampler_cost.py), 200 times a second; stop() waits up to one interval for it.
         while True:
             time.sleep(self.interval_s)
             if self._stop.is_set():
