@@ -121,16 +121,33 @@ class CollectiveRecords:
                 self._emit()  # calls buffered before this one go first: the file stays in time order
                 self.writer.add(record)
                 return key
-            if self._step is not None and step != self._step:
-                self._emit()
-            if self._step is None:
-                self._step, self._t0 = step, record["t"]
-            kind, shape_in, shape_out = known
-            if record.get("shape_in") != shape_in or record.get("shape_out") != shape_out:
-                self._shapes.append([len(self._kind), record.get("shape_in"), record.get("shape_out")])
-            self._kind.append(kind)
-            self._us.append(round((record["t"] - self._t0) * 1e6))
+            self._append_call(known, step, record["t"], record.get("shape_in"), record.get("shape_out"))
             return key
+
+    def add_call(self, key: Hashable, step: int, t: float | None, shape_in: Any, shape_out: Any) -> float | None:
+        """Buffer one call of a kind already written (``key`` as :meth:`add` returned it) without its
+        full record, where :meth:`add` would write it in the compact form, and return its time (``t``,
+        or now, as :meth:`add` would set it); None (nothing done) where it would not: the kind is new
+        here, or ``step`` is one whose calls are written in full."""
+        with self._lock:
+            known = self._kinds.get(key)
+            if known is None or step < FULL_STEPS:
+                return None
+            if t is None:
+                t = time.time()
+            self._append_call(known, step, t, shape_in, shape_out)
+            return t
+
+    def _append_call(self, known: tuple[int, Any, Any], step: int, t: float, shape_in: Any, shape_out: Any) -> None:
+        if self._step is not None and step != self._step:
+            self._emit()
+        if self._step is None:
+            self._step, self._t0 = step, t
+        kind, first_in, first_out = known
+        if shape_in != first_in or shape_out != first_out:
+            self._shapes.append([len(self._kind), shape_in, shape_out])
+        self._kind.append(kind)
+        self._us.append(round((t - self._t0) * 1e6))
 
     def flush(self) -> None:
         with self._lock:

@@ -35,7 +35,7 @@ from typing import Any, cast
 
 from memdiag.agent.records import CollectiveRecords, RecordWriter
 from memdiag.agent.sampler import HighWaterMark, MemorySampler
-from memdiag.recordformat import SeriesPolicy, mem_record
+from memdiag.recordformat import FULL_STEPS, SeriesPolicy, mem_record
 from memdiag.schema import SETUP_STEP
 
 # Collective record fields that only some engines' hooks give (memdiag.agent.hooks_tf).
@@ -223,6 +223,13 @@ class Tracer:
         is past (a native mark read late)."""
         with self._lock:
             itemsize = meta["itemsize"]
+            known = self._kind_keys.get(id(meta)) if not extra else None
+            if known is not None and self.step >= FULL_STEPS:
+                # a call of a kind already written, in a step written compactly: no full record made
+                done = self._collective_records.add_call(known[1], self.step, t, shape_in, shape_out)
+                if done is not None:
+                    self._completed(meta, done, math.prod(shape_out) * itemsize)
+                    return
             record = {
                 "type": "collective",
                 "step": self.step,
@@ -249,7 +256,6 @@ class Tracer:
                 record.update(extra)
             if t is not None:
                 record["t"] = t
-            known = self._kind_keys.get(id(meta)) if not extra else None
             if known is not None:
                 self._collective_records.add(record, known[1])
             else:
@@ -258,17 +264,21 @@ class Tracer:
                     if len(self._kind_keys) >= KIND_KEYS_KEPT:
                         self._kind_keys.clear()
                     self._kind_keys[id(meta)] = (meta, key)
-            if meta.get("gradient"):
-                self._window[1] = record["t"]
-            if meta["op"] == "allgather":
-                self._gathered[meta["name"]] = self._gathered.get(meta["name"], 0) + record["bytes_out"]
-            else:
-                self._live_bytes += record["bytes_out"]
-            self._quotient_bytes = max(self._quotient_bytes, quotient_bytes(meta, record["bytes_out"]))
-            key = (meta["op"], meta["name"], meta.get("part"))
-            self._pending.pop(key, None)
-            self._reported_waits.discard(key)
-            self._received.append({k: record[k] for k in ("op", "name", "part", "bytes_out")})
+            self._completed(meta, record["t"], record["bytes_out"])
+
+    def _completed(self, meta: dict[str, Any], t: float, bytes_out: int) -> None:
+        """The step's figures after a collective completed at ``t`` with ``bytes_out`` (lock held)."""
+        if meta.get("gradient"):
+            self._window[1] = t
+        if meta["op"] == "allgather":
+            self._gathered[meta["name"]] = self._gathered.get(meta["name"], 0) + bytes_out
+        else:
+            self._live_bytes += bytes_out
+        self._quotient_bytes = max(self._quotient_bytes, quotient_bytes(meta, bytes_out))
+        key = (meta["op"], meta["name"], meta.get("part"))
+        self._pending.pop(key, None)
+        self._reported_waits.discard(key)
+        self._received.append({"op": meta["op"], "name": meta["name"], "part": meta.get("part"), "bytes_out": bytes_out})
 
     def _live_collective_bytes(self) -> int:
         """The step's collective outputs alive at once: every output other than an allgather's, one
