@@ -33,14 +33,11 @@ class _ProcFile:
         self.path = f"/proc/self/{name}"
         self._flags = flags
         self._fd = -1
-        self._lock = threading.Lock()
         _ProcFile._all.append(self)
 
     def fd(self) -> int:
-        if self._fd < 0:
-            with self._lock:
-                if self._fd < 0:
-                    self._fd = os.open(self.path, self._flags | os.O_CLOEXEC)
+        if self._fd < 0:  # two threads opening it at once leave one descriptor unused, nothing worse
+            self._fd = os.open(self.path, self._flags | os.O_CLOEXEC)
         return self._fd
 
     def _forget(self) -> None:
@@ -48,7 +45,6 @@ class _ProcFile:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
         self._fd = -1
-        self._lock = threading.Lock()
 
 
 def _forget_proc_files() -> None:

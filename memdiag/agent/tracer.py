@@ -35,7 +35,7 @@ from typing import Any, cast
 
 from memdiag.agent.records import CollectiveRecords, RecordWriter
 from memdiag.agent.sampler import HighWaterMark, MemorySampler
-from memdiag.recordformat import FULL_STEPS, SeriesPolicy, mem_record
+from memdiag.recordformat import SeriesPolicy, mem_record
 from memdiag.schema import SETUP_STEP
 
 # Collective record fields that only some engines' hooks give (memdiag.agent.hooks_tf).
@@ -224,7 +224,7 @@ class Tracer:
         with self._lock:
             itemsize = meta["itemsize"]
             known = self._kind_keys.get(id(meta)) if not extra else None
-            if known is not None and self.step >= FULL_STEPS:
+            if known is not None:
                 # a call of a kind already written, in a step written compactly: no full record made
                 done = self._collective_records.add_call(known[1], self.step, t, shape_in, shape_out)
                 if done is not None:
