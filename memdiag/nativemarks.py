@@ -35,7 +35,10 @@ LIBRARY = HERE / "_memdiag_mark.so"
 BUILT_FOR = HERE / "_memdiag_mark.json"  # {"tensorflow": version the library was built against}
 BEGIN, END = 0, 1
 MAX_INPUTS, MAX_VALUES = 4, 8  # as mark_op.cc stores them
-HEADER = 6  # index, key, kind, n_inputs, t_ns, tid
+HEADER = 7  # index, key, kind, n_inputs, t_ns, tid, rss_pages
+BUILD = "python -m memdiag.nativemarks build"
+RSS = 6  # the word of a record that holds the resident pages when the mark ran (-1: not read)
+RECORD_WORDS = HEADER + MAX_INPUTS * (1 + MAX_VALUES)  # as mark_op.cc lays a record out
 
 
 def build(library: Path = LIBRARY) -> str | None:
@@ -97,7 +100,7 @@ class Marks:
 
     def read(self) -> npt.NDArray[np.int64]:
         """The records written since the last read, in the order they were written (rows of
-        ``words`` int64: index, key, kind, n_inputs, t_ns, tid, counts, values)."""
+        ``words`` int64: index, key, kind, n_inputs, t_ns, tid, rss_pages, counts, values)."""
         n = self._c.memdiag_ring_read(self._pointer, self.capacity, self._next)
         if n == 0:
             return self._buffer[:0]
@@ -134,13 +137,16 @@ def load(environ: Any = None) -> tuple[Marks | None, str]:
     try:
         built = json.loads(BUILT_FOR.read_text()).get("tensorflow")
     except (OSError, ValueError):
-        return None, "python (native marks not built: python -m memdiag.nativemarks build)"
+        return None, f"python (native marks not built: {BUILD})"
     if built != tf.__version__:
         return None, f"python (native marks built for TensorFlow {built}, running {tf.__version__})"
     try:
-        return Marks(LIBRARY), "native"
+        marks = Marks(LIBRARY)
     except Exception as exc:  # noqa: BLE001 - any failure to load: Python marks
         return None, f"python (native marks did not load: {type(exc).__name__})"
+    if marks.words != RECORD_WORDS:  # built from another version of mark_op.cc, whose records differ
+        return None, f"python (native marks built from another mark_op.cc: {BUILD})"
+    return marks, "native"
 
 
 def main(argv: list[str]) -> int:

@@ -44,6 +44,7 @@ def _records(collectives: int, steps: int) -> list[np.ndarray]:
                 row[:6] = [index, 2 * i + j, kind, 1 if kind == nativemarks.BEGIN else 2,
                            t0 + (step * 2 * collectives + 2 * i + j) * 1000, 1]
                 index += 1
+                row[nativemarks.RSS] = 250_000 + 2 * i + j  # resident pages, a new value at every mark
                 row[nativemarks.HEADER] = 2
                 row[values:values + 2] = [64, 32 + i]
                 if kind == nativemarks.END:

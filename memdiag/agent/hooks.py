@@ -147,10 +147,15 @@ class CollectiveHooks:
             self._draining.on = False
 
     def _dispatch(self, records: Any) -> None:
-        from memdiag.nativemarks import BEGIN, shape
+        from memdiag.nativemarks import BEGIN, RSS, shape
 
+        records = records[np.argsort(records[:, 4], kind="stable")]
+        # The RSS each mark read where the graph reached it: samples at the phases' edges, put among
+        # the sampler's before any record can end a step (a step's samples are cut by time).
+        read = records[:, RSS] >= 0
+        self.tracer.sampler.add_marks((records[read, 4] / 1e9).tolist(), records[read, RSS].tolist())
         # as Python ints, converted at once (reading numpy scalars one by one costs more than the rest)
-        for record in records[np.argsort(records[:, 4], kind="stable")].tolist():
+        for record in records.tolist():
             op, meta, extra = self._marked[record[1]]
             t = record[4] / 1e9
             if record[2] == BEGIN:

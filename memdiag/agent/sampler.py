@@ -133,6 +133,7 @@ class MemorySampler:
         self._times: list[float] = []
         self._rss: list[int] = []
         self._step_peak = 0
+        self._since = 0.0  # marks read late that are earlier than this belong to a step already taken
         self._stop = threading.Event()
         # CPU time the sampling thread used (sampling, draining native marks, ending steps, flushing
         # records): memdiag's own cost, set when the thread ends (None before, or if it did not end)
@@ -161,6 +162,37 @@ class MemorySampler:
                 self._times, self._rss = decimate(self._times, self._rss)
         return rss
 
+    def mark_now(self) -> None:
+        """A sample where the job reaches a collective's start or end (a mark made through Python, an
+        eager call), kept only where RSS differs from the sample before it: a sample equal to its
+        predecessor changes none of the rises a step's phases are given (memdiag.agent.tracer.phase_rises)."""
+        rss = read_rss()
+        with self._lock:
+            if self._rss and self._rss[-1] == rss:
+                return
+            self._times.append(time.time())
+            self._rss.append(rss)
+            self._step_peak = max(self._step_peak, rss)
+
+    def add_marks(self, times: list[float], pages: list[int]) -> None:
+        """Samples taken by native marks (the op reads the resident pages where the graph reaches it),
+        read late: put in time order among the timer's samples, each kept only where it differs from the
+        sample before it, and only if later than the last :meth:`take_step` or :meth:`restart_peak`
+        (earlier ones belong to no step still open)."""
+        with self._lock:
+            for t, resident in zip(times, pages):
+                value = resident * _PAGE
+                if t < self._since:
+                    continue
+                at = bisect.bisect_right(self._times, t)
+                if at and self._rss[at - 1] == value:
+                    continue
+                self._times.insert(at, t)
+                self._rss.insert(at, value)
+                self._step_peak = max(self._step_peak, value)
+            if len(self._rss) > MAX_SAMPLES_PER_STEP:
+                self._times, self._rss = decimate(self._times, self._rss)
+
     def take_step(self, until: float | None = None) -> tuple[int, list[float], list[int]]:
         """Peak RSS since the last call, and the samples taken since then (cleared). ``until``: only
         the samples up to that time, already past; the later ones stay for the next call."""
@@ -169,7 +201,9 @@ class MemorySampler:
             if until is None:
                 peak, times, rss = self._step_peak, self._times, self._rss
                 self._times, self._rss, self._step_peak = [], [], current
+                self._since = times[-1] if times else time.time()
                 return peak, times, rss
+            self._since = until
             cut = bisect.bisect_right(self._times, until)
             times, rss = self._times[:cut], self._rss[:cut]
             self._times, self._rss = self._times[cut:], self._rss[cut:]
@@ -183,6 +217,7 @@ class MemorySampler:
         current = read_rss()
         with self._lock:
             self._times, self._rss, self._step_peak = [], [], current
+            self._since = time.time()
 
     def _loop(self) -> None:
         last_tick = time.monotonic()

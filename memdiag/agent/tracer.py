@@ -220,7 +220,9 @@ class Tracer:
                    extra: dict[str, Any] | None = None, t: float | None = None) -> None:
         """Record one collective that has completed, with its runtime shapes; ``extra``: fields known
         at run time only (the padding of a tf-distribute gather); ``t``: when it completed, where that
-        is past (a native mark read late)."""
+        is past (a native mark read late; otherwise RSS is sampled now, see :meth:`begin_collective`)."""
+        if t is None:
+            self.sampler.mark_now()
         with self._lock:
             itemsize = meta["itemsize"]
             known = self._kind_keys.get(id(meta)) if not extra else None
@@ -290,7 +292,10 @@ class Tracer:
     def begin_collective(self, meta: dict[str, Any], expected_bytes_out: int, in_graph: bool = False,
                          t: float | None = None) -> None:
         """A collective starts (``in_graph``: marked from inside a graph, where collectives start in no
-        fixed order; ``t``: it started then, already past: a native mark read late)."""
+        fixed order; ``t``: it started then, already past: a native mark read late, whose RSS the
+        drain hands the sampler; otherwise RSS is sampled now, at the edge of the phases)."""
+        if t is None:
+            self.sampler.mark_now()
         with self._lock:
             now = time.time() if t is None else t
             if self.auto_steps:

@@ -7,9 +7,11 @@
 //       attrs key: int (an id given at trace time), kind: int (0 = begin, 1 = end). Stateful, no
 //       outputs: tf.function's automatic control dependencies keep it (memdiag marks it so that it
 //       orders nothing: memdiag/graphcalls.py), and it is never folded or pruned as a stateless op is.
-// Record (kRecordWords = 42 int64 words):
+// Record (kRecordWords = 43 int64 words):
 //   index, key, kind, n_inputs, t_ns (CLOCK_REALTIME, the clock of Python's time.time()),
-//   tid (Linux thread id of the executing thread), count[kMaxInputs] (each input's element count before
+//   tid (Linux thread id of the executing thread), rss_pages (the process's resident pages, from
+//   /proc/self/statm, read right after t_ns; -1 where it could not be read), count[kMaxInputs] (each
+//   input's element count before
 //   truncation), values[kMaxInputs][kMaxValues] (each input flattened, first 8 values; unused are 0).
 //   Inputs past kMaxInputs are counted in n_inputs but not stored.
 // Ring: capacity kCapacity (power of two). A writer takes a slot with an atomic fetch_add on a 64-bit
@@ -19,8 +21,11 @@
 //   a lapping writer is rewriting is never returned torn.
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <fcntl.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -33,10 +38,10 @@ namespace {
 
 constexpr int kMaxInputs = 4;
 constexpr int kMaxValues = 8;
-constexpr int kHeaderWords = 6;  // index, key, kind, n_inputs, t_ns, tid
-constexpr int kRecordWords = kHeaderWords + kMaxInputs + kMaxInputs * kMaxValues;  // 42
+constexpr int kHeaderWords = 7;  // index, key, kind, n_inputs, t_ns, tid, rss_pages
+constexpr int kRecordWords = kHeaderWords + kMaxInputs + kMaxInputs * kMaxValues;  // 43
 // 4096 records; a slot is 384 bytes (64-aligned): 1.5 MiB. The tracer reads the ring every sampling
-// interval (5 ms by default, 100 ms at most), so it holds seconds of marks at real steps' rates.
+// interval (20 ms by default), so it holds seconds of marks at real steps' rates.
 constexpr uint64_t kCapacity = 1u << 12;
 static_assert((kCapacity & (kCapacity - 1)) == 0, "capacity must be a power of two");
 
@@ -49,6 +54,44 @@ Slot g_ring[kCapacity];                  // zero-initialised (static storage): t
 std::atomic<uint64_t> g_head{0};         // index of the next record to be written
 
 thread_local int64_t t_tid = 0;
+
+// /proc/self/statm, kept open (an open and a close cost more than the read); a forked child opens its
+// own, since the inherited descriptor names the parent. Two threads opening it at once: one keeps its
+// descriptor, the other closes its own.
+std::atomic<int> g_statm{-1};
+
+void ForgetStatmInChild() { g_statm.store(-1, std::memory_order_relaxed); }
+
+int StatmFd() {
+  int fd = g_statm.load(std::memory_order_acquire);
+  if (fd >= 0) return fd;
+  static const int registered = pthread_atfork(nullptr, nullptr, ForgetStatmInChild);
+  (void)registered;
+  int opened = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+  if (opened < 0) return -1;
+  int expected = -1;
+  if (!g_statm.compare_exchange_strong(expected, opened, std::memory_order_acq_rel)) {
+    close(opened);
+    return expected;
+  }
+  return opened;
+}
+
+// Resident pages now (statm's second field), or -1.
+inline int64_t RssPages() {
+  const int fd = StatmFd();
+  if (fd < 0) return -1;
+  char buf[128];
+  const ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+  if (n <= 0) return -1;
+  buf[n] = '\0';
+  char* end = nullptr;
+  std::strtoll(buf, &end, 10);  // size
+  if (end == buf) return -1;
+  char* at = end;
+  const long long resident = std::strtoll(at, &end, 10);
+  return end == at ? -1 : static_cast<int64_t>(resident);
+}
 
 inline int64_t NowNs() {
   struct timespec ts;
@@ -80,7 +123,7 @@ REGISTER_OP("MemdiagMark")
     .SetShapeFn(shape_inference::NoOutputs)
     .Doc(R"doc(
 memdiag: write one record {key, kind, CLOCK_REALTIME ns, thread, each input's first 8 values and
-element count} into the process's ring buffer, where the graph reaches this op.
+element count, resident pages} into the process's ring buffer, where the graph reaches this op.
 )doc");
 
 class MemdiagMarkOp : public OpKernel {
@@ -92,6 +135,7 @@ class MemdiagMarkOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     const int64_t t_ns = NowNs();  // first: the time the graph reached the op
+    const int64_t rss_pages = RssPages();  // and the memory then
     if (t_tid == 0) t_tid = static_cast<int64_t>(syscall(SYS_gettid));
     const int n_inputs = ctx->num_inputs();
 
@@ -106,6 +150,7 @@ class MemdiagMarkOp : public OpKernel {
     slot.words[3].store(n_inputs, std::memory_order_relaxed);
     slot.words[4].store(t_ns, std::memory_order_relaxed);
     slot.words[5].store(t_tid, std::memory_order_relaxed);
+    slot.words[6].store(rss_pages, std::memory_order_relaxed);
     int i = 0;
     for (; i < n_inputs && i < kMaxInputs; ++i) {
       const Tensor& t = ctx->input(i);

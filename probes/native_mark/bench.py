@@ -53,7 +53,8 @@ MARK_ATTR = "_memdiag_host_call"
 
 MAX_INPUTS, MAX_VALUES = 4, 8
 RECORD = np.dtype([("index", "<i8"), ("key", "<i8"), ("kind", "<i8"), ("n_inputs", "<i8"), ("t_ns", "<i8"),
-                   ("tid", "<i8"), ("count", "<i8", (MAX_INPUTS,)), ("values", "<i8", (MAX_INPUTS, MAX_VALUES))])
+                   ("tid", "<i8"), ("rss_pages", "<i8"), ("count", "<i8", (MAX_INPUTS,)),
+                   ("values", "<i8", (MAX_INPUTS, MAX_VALUES))])
 
 
 # -- the library ----------------------------------------------------------------------------------

@@ -71,6 +71,12 @@ class ScriptedSampler:
     def restart_peak(self) -> None:
         pass
 
+    def mark_now(self) -> None:  # the scripted series stands for every sample, the marks' too
+        pass
+
+    def add_marks(self, times: list[float], pages: list[int]) -> None:
+        pass
+
 
 class NoMark:
     """A high-water mark that never reads the kernel's (records that do not depend on this process)."""

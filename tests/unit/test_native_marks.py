@@ -4,9 +4,11 @@ do, with the time the graph reached the op, and a step found from them late spli
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from memdiag import nativemarks
@@ -94,6 +96,24 @@ def test_native_marks_record_what_the_python_calls_record(marks, tmp_path):
     assert marks.lost == 0
 
 
+def test_each_native_mark_reads_the_resident_memory_where_the_graph_reaches_it(marks):
+    from memdiag.agent.sampler import read_rss
+
+    @tf.function
+    def f(x):
+        marks.mark(9001, nativemarks.END, [tf.shape(x, out_type=tf.int64)])
+        return x + 1
+
+    f(tf.ones([2]))  # traced
+    before = read_rss()
+    f(tf.ones([2]))
+    after = read_rss()
+    [record] = [r for r in marks.read() if r[1] == 9001][-1:]
+    pages = int(record[nativemarks.RSS])
+    assert pages > 0
+    assert min(before, after) - 16 * 2**20 <= pages * os.sysconf("SC_PAGE_SIZE") <= max(before, after) + 16 * 2**20
+
+
 def test_the_native_op_is_marked_as_memdiags_own(marks):
     from memdiag import graphcalls
 
@@ -142,9 +162,22 @@ def test_the_op_is_the_default_where_built_for_the_running_tensorflow(tmp_path, 
     built.write_text(json.dumps({"tensorflow": tf.__version__}))
     monkeypatch.setattr(nativemarks, "BUILT_FOR", built)
     loaded = []
-    monkeypatch.setattr(nativemarks, "Marks", lambda library: loaded.append(library) or "the op")
-    assert nativemarks.load({}) == ("the op", "native") == nativemarks.load({nativemarks.ENV: "native"})
+
+    class TheOp:
+        words = 7 + 4 * (1 + 8)  # mark_op.cc's record: a header of 7 words, 4 inputs' counts and 8 values
+
+        def __init__(self, library):
+            loaded.append(library)
+
+    monkeypatch.setattr(nativemarks, "Marks", TheOp)
+    for environ in ({}, {nativemarks.ENV: "native"}):
+        marks, how = nativemarks.load(environ)
+        assert isinstance(marks, TheOp) and how == "native"
     assert loaded == [nativemarks.LIBRARY] * 2
+    # a library built from an earlier mark_op.cc, whose records are laid out otherwise (42 words, no RSS)
+    monkeypatch.setattr(TheOp, "words", 42)
+    assert nativemarks.load({}) == (None, "python (native marks built from another mark_op.cc: "
+                                          "python -m memdiag.nativemarks build)")
     # the user's choice of Python calls, and a value that is neither
     assert nativemarks.load({nativemarks.ENV: "python"}) == (None, "python")
     marks, how = nativemarks.load({nativemarks.ENV: "nativ"})
@@ -243,3 +276,41 @@ def test_the_tracer_never_drains_with_its_lock_held(tmp_path):
     writer.close()
     # THEN it drained only where it held no lock (finish), and the steps were still ended
     assert calls and [r["step"] for r in read_records(tmp_path / "r.jsonl") if r["type"] == "step"] == [-1, 0, 1, 2]
+
+
+def test_the_rss_each_mark_read_is_a_sample_of_its_step_at_the_marks_time(tmp_path, monkeypatch):
+    # GIVEN a tracer whose sampler never wakes in the test (1 s) and reads 2000 pages itself, and a step of
+    # two gradient all-reduces whose marks read 1000 pages (the first begins the step), 1100 (its end),
+    # 1100 and 2000 pages (the second's output allocated)
+    import memdiag.agent.sampler as sampler_module
+
+    page = os.sysconf("SC_PAGE_SIZE")
+    monkeypatch.setattr(sampler_module, "read_rss", lambda: 2000 * page)
+    writer = RecordWriter(str(tmp_path / "r.jsonl"), 0)
+    tracer = Tracer(writer, sampler_module.MemorySampler(1.0), rank=0, auto_steps=True)
+    hooks = _hooks(tracer)
+    for name in ("g1", "g2"):
+        meta = {"op": "allreduce", "name": name, "part": None, "dtype": "float32", "itemsize": 4, "sparse": False,
+                "densified": False, "gradient": True, "reduce_op": "average", "process_set_size": 2}
+        hooks._marked += [("allreduce", meta, 2), ("allreduce", meta, 0)]  # keys 2i: begin, 2i + 1: end
+    t0 = time.time_ns() + 1_000_000
+    records = np.zeros((4, nativemarks.RECORD_WORDS), dtype=np.int64)
+    for i, pages in enumerate((1000, 1100, 1100, 2000)):
+        kind = nativemarks.BEGIN if i % 2 == 0 else nativemarks.END
+        records[i, :nativemarks.HEADER] = [i, i, kind, 1, t0 + i * 1_000_000, 1, pages]
+        records[i, nativemarks.HEADER] = 1
+        records[i, nativemarks.HEADER + nativemarks.MAX_INPUTS] = 16
+    time.sleep(0.005)
+    # WHEN the ring's records are handed over, and the step ends
+    hooks._dispatch(records)
+    tracer.finish()
+    writer.close()
+    # THEN step 0 holds the readings after its first mark at the marks' times (the third, equal to the
+    # one before it, left out), and the rise they show inside the collective window is the collectives'
+    out = read_records(tmp_path / "r.jsonl")
+    [mem] = [r for r in out if r["type"] == "mem" and r["step"] == 0]
+    marked = [(t, rss) for t, rss in zip(mem["times"], mem["rss"]) if t <= (t0 + 3_000_000) / 1e9]
+    assert marked == [((t0 + 1_000_000) / 1e9, 1100 * page), ((t0 + 3_000_000) / 1e9, 2000 * page)]
+    [step] = [r for r in out if r["type"] == "step" and r["step"] == 0]
+    assert step["collective_rise_bytes"] == 900 * page and step["compute_rise_bytes"] == 0
+    assert step["peak_phase"] == "collectives"

@@ -70,3 +70,39 @@ def test_the_sampler_reports_its_threads_cpu_time_when_it_stops():
     # a thread that woke about 150 times used some CPU, and less than the time it ran
     assert sampler.cpu_s is not None and 0 < sampler.cpu_s < wall
     assert not sampler._thread.is_alive()
+
+
+def test_samples_of_marks_join_the_series_in_time_order_where_rss_changed(monkeypatch):
+    # GIVEN a sampler whose step began at `since`, with two samples of its own around the time `mark`
+    sampler = MemorySampler(1.0)  # not started: only the samples taken here
+    sampler.restart_peak()
+    since = time.time()
+    sampler.sample()
+    time.sleep(0.002)
+    mark = time.time()
+    time.sleep(0.002)
+    sampler.sample()
+    # WHEN native marks read late give their RSS: one from before the step, one at `mark`, one equal to
+    # it just after, one that differs again
+    sampler.add_marks([since - 1.0, mark, mark + 1e-4, mark + 2e-4], [7, 9, 9, 7])
+    peak, times, rss = sampler.take_step()
+    # THEN the step's series holds the two that change RSS, between the samples around them, in order
+    assert times == sorted(times) and len(times) == 5
+    assert times[1:3] == [mark, mark + 2e-4] and rss[1:3] == [9 * PAGE, 7 * PAGE]
+    assert peak == max(rss)
+    # AND a mark older than the step just taken belongs to no open step
+    sampler.add_marks([mark], [11])
+    assert 11 * PAGE not in sampler.take_step()[2]
+
+
+def test_a_live_mark_is_a_sample_only_where_rss_changed(monkeypatch):
+    import memdiag.agent.sampler as sampler_module
+
+    readings = iter([100 * PAGE, 100 * PAGE, 200 * PAGE, 200 * PAGE])
+    monkeypatch.setattr(sampler_module, "read_rss", lambda: next(readings))
+    sampler = MemorySampler(1.0)
+    sampler.sample()  # 100 pages
+    sampler.mark_now()  # the same: nothing kept
+    sampler.mark_now()  # 200 pages: kept
+    _, times, rss = sampler.take_step()  # its own sample: 200 pages
+    assert rss == [100 * PAGE, 200 * PAGE, 200 * PAGE] and times == sorted(times)
