@@ -180,16 +180,24 @@ class MemorySampler:
         sample before it, and only if later than the last :meth:`take_step` or :meth:`restart_peak`
         (earlier ones belong to no step still open)."""
         with self._lock:
+            series_t, series_rss = self._times, self._rss
             for t, resident in zip(times, pages):
-                value = resident * _PAGE
                 if t < self._since:
                     continue
-                at = bisect.bisect_right(self._times, t)
-                if at and self._rss[at - 1] == value:
-                    continue
-                self._times.insert(at, t)
-                self._rss.insert(at, value)
-                self._step_peak = max(self._step_peak, value)
+                value = resident * _PAGE
+                if not series_t or t >= series_t[-1]:  # later than every sample: the usual case
+                    if series_rss and series_rss[-1] == value:
+                        continue
+                    series_t.append(t)
+                    series_rss.append(value)
+                else:
+                    at = bisect.bisect_right(series_t, t)
+                    if at and series_rss[at - 1] == value:
+                        continue
+                    series_t.insert(at, t)
+                    series_rss.insert(at, value)
+                if value > self._step_peak:
+                    self._step_peak = value
             if len(self._rss) > MAX_SAMPLES_PER_STEP:
                 self._times, self._rss = decimate(self._times, self._rss)
 
