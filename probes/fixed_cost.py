@@ -8,7 +8,8 @@ about 50 ms a step on 2 ranks of 2 cores when the machine is idle), run as writt
     memdiag: memdiag run probes/short_step_script.py -n N -- --steps S --phases
 
 and with memdiag's marks through Python (``memdiag-python``: ``MEMDIAG_MARKS=python``; ``memdiag`` is the
-default, the native op) or sampling every 20 ms (``memdiag-sample20``: ``--sample-ms 20``), for each S
+default, the native op, sampling every 20 ms) or sampling every 5 ms (``memdiag-sample5``: ``--sample-ms 5``,
+the default before every collective's edges were sampled), for each S
 in --steps (default 1, 30, 150), the variants interleaved (their order rotates) and repeated. Printed per
 run: wall time, CPU time of every process of the run (RUSAGE_CHILDREN), and the phases, from rank 0's own
 clock and memdiag's run.json and records:
@@ -29,7 +30,7 @@ then, per variant, the medians, and the fixed and per-step costs fitted (least s
 median walls over S, with memdiag's minus plain's::
 
     .venv/bin/python probes/fixed_cost.py [--np 2] [--steps 1 30 150] [--repeats 3]
-        [--variants plain memdiag memdiag-python memdiag-sample20]
+        [--variants plain memdiag memdiag-python memdiag-sample5]
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def run_once(variant: str, ranks: int, steps: int, tmp: str, tag: str) -> dict:
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks),
                sys.executable, SCRIPT, *script_args]
     else:
-        sampling = ["--sample-ms", "20"] if variant == "memdiag-sample20" else []
+        sampling = ["--sample-ms", "5"] if variant == "memdiag-sample5" else []
         cmd = [_memdiag(), "run", SCRIPT, "-n", str(ranks), "--out", out, *sampling, "--", *script_args]
     cpu0, t0 = _children_cpu(), time.time()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, stdin=subprocess.DEVNULL)
@@ -138,7 +139,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, nargs="+", default=[1, 30, 150])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--variants", nargs="+", default=["plain", "memdiag", "memdiag-python"],
-                        choices=["plain", "memdiag", "memdiag-python", "memdiag-sample20"])
+                        choices=["plain", "memdiag", "memdiag-python", "memdiag-sample5"])
     args = parser.parse_args()
     variants = ["plain", *[v for v in args.variants if v != "plain"]]
     if len(variants) < 2:

@@ -6,7 +6,7 @@ Three variants of one training run, each on N ranks under mpirun:
   batches, same ``tf.function`` step, same Horovod ``DistributedGradientTape``) started by this
   script with no memdiag agent: no collective hooks, no memory sampler, no record files. Only the
   step marks remain, and they just read the clock;
-* traced: ``memdiag run`` as a user types it (hooks on every collective, the 5 ms RSS sampler,
+* traced: ``memdiag run`` as a user types it (hooks on every collective, the 20 ms RSS sampler,
   per-step records);
 * memray: ``memdiag run --memray`` (every allocation tracked, with native stacks).
 

@@ -5,7 +5,16 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from memdiag.launch.options import DEFAULT_LAUNCHER, DEFAULTS, LAUNCHERS, MAX_SAMPLE_MS, MIN_SAMPLE_MS, SPOOLS
+from memdiag.launch.options import (
+    DEFAULT_LAUNCHER,
+    DEFAULT_SAMPLE_MS,
+    DEFAULTS,
+    LAUNCHERS,
+    LIMIT_SAMPLE_MS,
+    MAX_SAMPLE_MS,
+    MIN_SAMPLE_MS,
+    SPOOLS,
+)
 from memdiag.policy import MODES
 
 
@@ -103,12 +112,12 @@ def add_launch_options(parser: argparse.ArgumentParser, default_steps: int,
                                           f"rank (default {default_warmup})")
     parser.add_argument("--horovod-timeline", action="store_true",
                         help="record Horovod's own timeline (rank 0) into the run directory")
-    default_ms = DEFAULTS.sample_interval_s * 1000
-    parser.add_argument("--sample-ms", type=positive_float("--sample-ms"), default=default_ms, metavar="MS",
-                        help=f"how often every rank samples its RSS, in milliseconds (default {default_ms:g}; "
-                             f"{MIN_SAMPLE_MS:g} to {MAX_SAMPLE_MS:g}): each sample costs the rank CPU, a longer "
-                             "period less; a step's peak stays exact (the kernel's high-water mark), its "
-                             "compute/collective split and memory series get fewer samples")
+    parser.add_argument("--sample-ms", type=positive_float("--sample-ms"), default=None, metavar="MS",
+                        help=f"how often every rank samples its RSS, in milliseconds (default {DEFAULT_SAMPLE_MS:g}, "
+                             f"{LIMIT_SAMPLE_MS:g} with --mem-limit; {MIN_SAMPLE_MS:g} to {MAX_SAMPLE_MS:g}): each "
+                             "sample costs the rank CPU, a longer period less; a step's peak stays exact (the "
+                             "kernel's high-water mark) and every collective's start and end is sampled anyway; "
+                             "the memory series between them gets fewer samples")
 
 
 def mode_choice(text: str) -> str:

@@ -26,7 +26,7 @@ class AgentCommand:
         parser.add_argument("--memray-ranks", metavar="RANKS", default=None,
                             help="track allocations with memray on these ranks only, e.g. 0,7 (--memray: every rank)")
         parser.add_argument("--trace-ranks", metavar="RANKS", default=None,
-                            help="sample RSS every 5 ms on these ranks only (the others every 100 ms; every rank "
+                            help="sample RSS every --sample-ms on these ranks only (the others every 100 ms; every rank "
                                  "still records its collectives, per-step peaks and VmHWM)")
         parser.add_argument("--start-timeout", type=positive_float("--start-timeout"), default=120.0,
                             metavar="SECONDS", help="how long ranks wait for each other before the script starts "

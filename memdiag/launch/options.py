@@ -20,6 +20,10 @@ DEFAULT_LAUNCHER = "mpirun"
 # --sample-ms: what a rank's sampling thread may be asked (below 1 ms its wakes alone take a good share
 # of a core; above a second, the memory limit and the once-a-second flush would wait on it)
 MIN_SAMPLE_MS, MAX_SAMPLE_MS = 1.0, 1000.0
+# Its default. Every collective's start and end is sampled where the job reaches it (native marks read
+# RSS in the graph; Python marks and eager calls when they are made), so the timer's samples are only
+# what lies between them: 20 ms. Under --mem-limit the timer is the limit's watchdog: 5 ms.
+DEFAULT_SAMPLE_MS, LIMIT_SAMPLE_MS = 20.0, 5.0
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,8 @@ class LaunchOptions:
     memray: bool = False  # a memray tracker (native stacks) in every rank
     horovod_timeline: bool = False  # Horovod's own timeline, written by rank 0
     threads_per_rank: int | None = None  # set TF's thread pools (a script's own are kept otherwise)
-    sample_interval_s: float = 0.005  # RSS sampling period of every rank
+    # RSS sampling period of every rank; 0: DEFAULT_SAMPLE_MS, or LIMIT_SAMPLE_MS under a memory limit
+    sample_interval_s: float = 0.0
     # Built-in workloads: after --steps, up to this many more steps while any rank's per-step peak
     # has not settled (the last 3 steps within 1% with no trend over the run, memdiag.analyze.steady).
     max_warmup: int = 0
@@ -47,6 +52,9 @@ class LaunchOptions:
         # A copy of its own: a study's runs cannot change each other's options.
         object.__setattr__(self, "overrides", dict(self.overrides))
         object.__setattr__(self, "script_args", tuple(self.script_args))
+        if not self.sample_interval_s:
+            default = LIMIT_SAMPLE_MS if self.mem_limit_bytes is not None else DEFAULT_SAMPLE_MS
+            object.__setattr__(self, "sample_interval_s", default / 1000)
 
     def validate(self) -> None:
         """Checks that need no target; :func:`memdiag.launch.session.validate` checks the rest."""
@@ -85,7 +93,7 @@ class LaunchOptions:
                    timeout_s=args.timeout, mem_limit_bytes=args.mem_limit, spool=args.spool,
                    memray=args.memray, horovod_timeline=args.horovod_timeline,
                    threads_per_rank=args.threads_per_rank, max_warmup=args.max_warmup,
-                   sample_interval_s=args.sample_ms / 1000,
+                   sample_interval_s=0.0 if args.sample_ms is None else args.sample_ms / 1000,
                    # --launcher is run's and compare's (add_launcher_option), not every verb's
                    launcher=getattr(args, "launcher", None) or DEFAULT_LAUNCHER)
 

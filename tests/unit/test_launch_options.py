@@ -102,3 +102,14 @@ def test_options_are_frozen_and_a_study_cannot_change_another_runs_options():
 def test_bad_options_are_one_line_errors(bad, message):
     with pytest.raises(UserError, match=message):
         LaunchOptions(**bad).validate()
+
+
+def test_ranks_sample_every_20_ms_unless_a_memory_limit_needs_its_watchdog_every_5():
+    def period_ms(*argv: str) -> float:
+        args = build_parser().parse_args(["run", "transformer", *argv])
+        return LaunchOptions.from_args(args, []).sample_interval_s * 1000
+
+    assert period_ms() == 20 and LaunchOptions().sample_interval_s == 0.02
+    assert period_ms("--mem-limit", "2G") == 5 and LaunchOptions(mem_limit_bytes=2**31).sample_interval_s == 0.005
+    # what the user asks is kept, with a limit or without
+    assert period_ms("--sample-ms", "7") == 7 and period_ms("--mem-limit", "2G", "--sample-ms", "50") == 50
