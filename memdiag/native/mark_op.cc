@@ -11,8 +11,8 @@
 //   index, key, kind, n_inputs, t_ns (CLOCK_REALTIME, the clock of Python's time.time()),
 //   tid (Linux thread id of the executing thread), rss_pages (the process's resident pages, from
 //   /proc/self/statm, read right after t_ns; -1 where it could not be read), count[kMaxInputs] (each
-//   input's element count before
-//   truncation), values[kMaxInputs][kMaxValues] (each input flattened, first 8 values; unused are 0).
+//   input's element count before truncation), values[kMaxInputs][kMaxValues] (each input flattened,
+//   first 8 values; unused are 0).
 //   Inputs past kMaxInputs are counted in n_inputs but not stored.
 // Ring: capacity kCapacity (power of two). A writer takes a slot with an atomic fetch_add on a 64-bit
 //   head (one writer per slot), marks the slot's sequence as "being written" (2*index+1), writes the
@@ -55,12 +55,15 @@ std::atomic<uint64_t> g_head{0};         // index of the next record to be writt
 
 thread_local int64_t t_tid = 0;
 
-// /proc/self/statm, kept open (an open and a close cost more than the read); a forked child opens its
-// own, since the inherited descriptor names the parent. Two threads opening it at once: one keeps its
-// descriptor, the other closes its own.
+// /proc/self/statm, kept open (an open and a close cost more than the read); a forked child closes the
+// descriptor it inherited, which names the parent, and opens its own. Two threads opening it at once:
+// one keeps its descriptor, the other closes its own.
 std::atomic<int> g_statm{-1};
 
-void ForgetStatmInChild() { g_statm.store(-1, std::memory_order_relaxed); }
+void ForgetStatmInChild() {
+  const int inherited = g_statm.exchange(-1, std::memory_order_relaxed);
+  if (inherited >= 0) close(inherited);
+}
 
 int StatmFd() {
   int fd = g_statm.load(std::memory_order_acquire);
