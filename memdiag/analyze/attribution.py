@@ -400,10 +400,25 @@ def attribute_file(path: str, rank: int) -> tuple[RankAttribution | None, list[s
     if not meta.has_native_traces:
         warnings.append(f"rank {rank}: {name} has no native stacks: Horovod and TensorFlow buffers "
                         "cannot be told apart (record with memray's native_traces=True)")
-    if result.peak_bytes != result.memray_peak_bytes:
-        warnings.append(f"rank {rank}: groups add up to {result.peak_bytes} bytes but memray's peak is "
-                        f"{result.memray_peak_bytes} bytes")
+    mismatch = reconciliation_warning(result)
+    if mismatch:
+        warnings.append(mismatch)
     return result, warnings
+
+
+# memray's high-water-mark records and the peak in its file's header can differ by a few KiB (2,464 bytes
+# of 645 MB seen on one rank of a 2-rank run, the other rank equal): that is memray's bookkeeping, not a
+# record left out of a group (every record is in one). A difference warns from this size on.
+RECONCILE_SLACK_BYTES = 1 << 20
+
+
+def reconciliation_warning(result: RankAttribution) -> str | None:
+    """A warning where the groups (the sum of memray's high-water-mark records) and memray's own peak
+    differ by more than :data:`RECONCILE_SLACK_BYTES`; None where they agree that closely."""
+    if abs(result.peak_bytes - result.memray_peak_bytes) <= RECONCILE_SLACK_BYTES:
+        return None
+    return (f"rank {result.rank}: groups add up to {result.peak_bytes} bytes but memray's peak is "
+            f"{result.memray_peak_bytes} bytes")
 
 
 def memray_files(run_dir: str) -> dict[int, str]:

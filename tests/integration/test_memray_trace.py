@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from memdiag.analyze.attribution import ALLGATHER, TF_TENSORS
+from memdiag.analyze.attribution import ALLGATHER, RECONCILE_SLACK_BYTES, TF_TENSORS
 from tests.helpers import memdiag, read_json
 from tests.unit.test_trace import process_names, validate
 
@@ -55,7 +55,9 @@ def test_sparse_peak_holds_the_gathered_rows_on_every_rank(runs):
     assert side == RANKS * ROWS * (ROW_BYTES + INDEX_BYTES)
     values = RANKS * ROWS * ROW_BYTES
     for rank in attribution["ranks"]:
-        assert rank["peak_bytes"] == rank["memray_peak_bytes"] == sum(g["bytes"] for g in rank["groups"])
+        # every high-water-mark record in one group; memray's header may differ from its records by KiBs
+        assert rank["peak_bytes"] == sum(g["bytes"] for g in rank["groups"])
+        assert abs(rank["peak_bytes"] - rank["memray_peak_bytes"]) <= RECONCILE_SLACK_BYTES
         by_group = groups(rank)
         held = by_group[ALLGATHER]["bytes"]
         # the gathered values are held at the peak; the gathered indices too unless already freed,
@@ -83,7 +85,8 @@ def test_dense_peak_has_no_allgather_output(runs):
     assert len(attribution["ranks"]) == RANKS
     for rank in attribution["ranks"]:
         assert ALLGATHER not in groups(rank)
-        assert rank["peak_bytes"] == rank["memray_peak_bytes"]
+        assert rank["peak_bytes"] == sum(g["bytes"] for g in rank["groups"])
+        assert abs(rank["peak_bytes"] - rank["memray_peak_bytes"]) <= RECONCILE_SLACK_BYTES
 
 
 def test_report_json_includes_the_attribution_from_the_cache(runs):

@@ -172,6 +172,18 @@ def test_memray_figure_is_kept_beside_ours_even_when_they_differ():
     assert result.memray_peak_bytes == 1 and result.peak_bytes > 1
 
 
+def test_a_difference_from_memrays_peak_warns_beyond_a_mebibyte():
+    from memdiag.analyze.attribution import reconciliation_warning
+
+    total = sum(r.size for r in sample_records())
+    for off, warns in ((0, False), (2464, False), (-MIB, False), (MIB + 1, True), (-MIB - 1, True)):
+        result = attribute_records(sample_records(), rank=1, memray_peak_bytes=total + off)
+        warning = reconciliation_warning(result)
+        assert (warning is not None) == warns, off
+        if warns:
+            assert warning == f"rank 1: groups add up to {total} bytes but memray's peak is {total + off} bytes"
+
+
 def test_top_stacks_are_at_most_three_and_largest_first():
     records = [PeakRecord(size, 1, TF_STACK[:-1] + (("f", f"/app/m{size}.py", size),)) for size in range(1, 8)]
     group = attribute_records(records).group(TF_TENSORS)
