@@ -31,7 +31,7 @@ from memdiag.agent.records import RecordWriter  # noqa: E402
 from memdiag.agent.sampler import MemorySampler  # noqa: E402
 from memdiag.agent.tracer import Tracer  # noqa: E402
 
-WORDS = nativemarks.HEADER + nativemarks.MAX_INPUTS * (1 + nativemarks.MAX_VALUES)
+WORDS = nativemarks.RECORD_WORDS
 
 
 def _records(collectives: int, steps: int) -> list[np.ndarray]:

@@ -164,42 +164,34 @@ class MemorySampler:
 
     def mark_now(self) -> None:
         """A sample where the job reaches a collective's start or end (a mark made through Python, an
-        eager call), kept only where RSS differs from the sample before it: a sample equal to its
-        predecessor changes none of the rises a step's phases are given (memdiag.agent.tracer.phase_rises)."""
+        eager call), kept as :meth:`_put` keeps one."""
         rss = read_rss()
         with self._lock:
-            if self._rss and self._rss[-1] == rss:
-                return
-            self._times.append(time.time())
-            self._rss.append(rss)
-            self._step_peak = max(self._step_peak, rss)
+            self._put(time.time(), rss)
 
     def add_marks(self, times: list[float], pages: list[int]) -> None:
         """Samples taken by native marks (the op reads the resident pages where the graph reaches it),
-        read late: put in time order among the timer's samples, each kept only where it differs from the
-        sample before it, and only if later than the last :meth:`take_step` or :meth:`restart_peak`
-        (earlier ones belong to no step still open)."""
+        read late, each kept as :meth:`_put` keeps one, and only if later than the last
+        :meth:`take_step` or :meth:`restart_peak` (earlier ones belong to no step still open)."""
         with self._lock:
-            series_t, series_rss = self._times, self._rss
             for t, resident in zip(times, pages):
-                if t < self._since:
-                    continue
-                value = resident * _PAGE
-                if not series_t or t >= series_t[-1]:  # later than every sample: the usual case
-                    if series_rss and series_rss[-1] == value:
-                        continue
-                    series_t.append(t)
-                    series_rss.append(value)
-                else:
-                    at = bisect.bisect_right(series_t, t)
-                    if at and series_rss[at - 1] == value:
-                        continue
-                    series_t.insert(at, t)
-                    series_rss.insert(at, value)
-                if value > self._step_peak:
-                    self._step_peak = value
+                if t >= self._since:
+                    self._put(t, resident * _PAGE)
             if len(self._rss) > MAX_SAMPLES_PER_STEP:
                 self._times, self._rss = decimate(self._times, self._rss)
+
+    def _put(self, t: float, value: int) -> None:
+        """A mark's sample into the series (lock held), in time order, only where RSS differs from the
+        sample before it: a sample equal to its predecessor changes none of the rises a step's phases are
+        given (memdiag.agent.tracer.phase_rises)."""
+        series_t, series_rss = self._times, self._rss
+        at = len(series_t) if not series_t or t >= series_t[-1] else bisect.bisect_right(series_t, t)
+        if at and series_rss[at - 1] == value:
+            return
+        series_t.insert(at, t)  # at the end, the usual case: an append
+        series_rss.insert(at, value)
+        if value > self._step_peak:
+            self._step_peak = value
 
     def take_step(self, until: float | None = None) -> tuple[int, list[float], list[int]]:
         """Peak RSS since the last call, and the samples taken since then (cleared). ``until``: only

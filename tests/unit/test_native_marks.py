@@ -223,7 +223,7 @@ def test_the_ring_and_its_reader_are_resident_before_the_first_mark(marks):
 def test_shapes_longer_than_a_record_holds_are_unknown_not_cut():
     import numpy as np
 
-    record = np.zeros(nativemarks.HEADER + nativemarks.MAX_INPUTS * (1 + nativemarks.MAX_VALUES), dtype=np.int64)
+    record = np.zeros(nativemarks.RECORD_WORDS, dtype=np.int64)
     record[3] = 2  # two inputs
     record[nativemarks.HEADER] = 3  # the first: 3 values
     record[nativemarks.HEADER + nativemarks.MAX_INPUTS:][:3] = [5, 6, 7]
