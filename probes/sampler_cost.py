@@ -14,7 +14,8 @@ TensorFlow (as a rank has):
                  time from the sampler itself (``cpu_s``)
 
 and, per step, the high-water-mark work a step's start and end do (``HighWaterMark.start`` and
-``peak``), against the same with every /proc file opened each time. Printed: CPU per wake, the
+``peak``), against the same with every /proc file opened each time, and a Python-path mark's RSS
+sample at a collective's edge (``mark_now``) against reading RSS alone. Printed: CPU per wake, the
 share of one core, and per-step microseconds. Variants alternate, ``--repeats`` times::
 
     .venv/bin/python probes/sampler_cost.py [--interval-ms 5] [--seconds 4] [--repeats 3]
@@ -130,6 +131,23 @@ def step_marks(calls: int) -> tuple[float, float]:
     return new, old
 
 
+def edge_samples(calls: int) -> tuple[float, float]:
+    """Microseconds of CPU for one RSS sample at a collective's edge made through Python
+    (``MemorySampler.mark_now``, two per collective), and for reading RSS alone."""
+    from memdiag.agent.sampler import MemorySampler, read_rss
+
+    sampler = MemorySampler()
+    t = time.thread_time()
+    for _ in range(calls):
+        sampler.mark_now()
+    mark = (time.thread_time() - t) / calls * 1e6
+    t = time.thread_time()
+    for _ in range(calls):
+        read_rss()
+    read = (time.thread_time() - t) / calls * 1e6
+    return mark, read
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--interval-ms", type=float, default=5.0)
@@ -160,6 +178,10 @@ def main() -> None:
     print(f"\na step's high-water-mark work (start + peak): {statistics.median(new):.1f} us; "
           f"with every /proc file opened each time: {statistics.median(old):.1f} us "
           f"(ratio {statistics.median(new) / statistics.median(old):.2f})")
+    mark, read = zip(*(edge_samples(20000) for _ in range(args.repeats)))
+    print(f"a Python-path mark's sample (mark_now): {min(mark):.2f}-{max(mark):.2f} us, "
+          f"{2 * statistics.median(mark):.2f} us per collective (two edges); reading RSS alone: "
+          f"{min(read):.2f}-{max(read):.2f} us")
 
 
 if __name__ == "__main__":
