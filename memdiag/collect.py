@@ -21,13 +21,23 @@ import json
 import math
 import os
 from array import array
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any, cast, overload
 
 from memdiag._errors import UserError
 from memdiag.recordformat import VARYING_FIELDS, SeriesPolicy, mem_aggregates
 from memdiag.rundir import MPIRUN_LOG, RANK_FILE, RANK_GLOB, RUN_MANIFEST
+from memdiag.schema import (
+    EndRecord,
+    KilledRecord,
+    MemRecord,
+    PolicyRecord,
+    ReductionCheckRecord,
+    StartRecord,
+    StepRecord,
+    WaitingRecord,
+)
 
 _NO_TIME = math.nan
 _WHOLE = -1  # a record kept as it was read (fields missing or of unexpected types)
@@ -232,7 +242,7 @@ class CollectiveLog(Sequence[dict[str, Any]]):
         return iter(sorted(self._whole.items()))
 
 
-def mem_points(record: dict[str, Any]) -> list[tuple[float, int]]:
+def mem_points(record: Mapping[str, Any]) -> list[tuple[float, int]]:
     """A ``mem`` record's RSS over time: its samples when it kept them, otherwise the points its
     aggregates give (first sample, the largest, last sample), in time order."""
     times, rss = record.get("times"), record.get("rss")
@@ -249,15 +259,15 @@ def mem_points(record: dict[str, Any]) -> list[tuple[float, int]]:
 @dataclass
 class RankRecords:
     rank: int
-    start: dict[str, Any] | None = None
-    end: dict[str, Any] | None = None
-    killed: dict[str, Any] | None = None
-    steps: list[dict[str, Any]] = field(default_factory=list)
+    start: StartRecord | None = None
+    end: EndRecord | None = None
+    killed: KilledRecord | None = None
+    steps: list[StepRecord] = field(default_factory=list)
     collectives: CollectiveLog = field(default_factory=CollectiveLog)
-    policies: list[dict[str, Any]] = field(default_factory=list)
-    memory: list[dict[str, Any]] = field(default_factory=list)
-    reduction_checks: list[dict[str, Any]] = field(default_factory=list)
-    waiting: list[dict[str, Any]] = field(default_factory=list)
+    policies: list[PolicyRecord] = field(default_factory=list)
+    memory: list[MemRecord] = field(default_factory=list)
+    reduction_checks: list[ReductionCheckRecord] = field(default_factory=list)
+    waiting: list[WaitingRecord] = field(default_factory=list)
     other: list[dict[str, Any]] = field(default_factory=list)
     bad_lines: int = 0
 
@@ -276,14 +286,14 @@ class _MemoryRecords:
     they did has only samples: it waits for its step's record (the collective window) to be aggregated
     here, and keeps its samples only where a rank would (SeriesPolicy)."""
 
-    def __init__(self, out: list[dict[str, Any]]) -> None:
+    def __init__(self, out: list[MemRecord]) -> None:
         self.out = out
         self._pending: dict[Any, dict[str, Any]] = {}
         self._policy = SeriesPolicy()
 
     def add(self, record: dict[str, Any]) -> None:
         if "n" in record or not isinstance(record.get("times"), list):
-            self.out.append(record)
+            self.out.append(cast(MemRecord, record))
             return
         step = record.get("step")
         earlier = self._pending.pop(step, None) if isinstance(step, int) else None
@@ -291,7 +301,7 @@ class _MemoryRecords:
             self._aggregate(earlier, None, None, decide=False)
         self._pending[step] = record
 
-    def step_ended(self, step_record: dict[str, Any]) -> None:
+    def step_ended(self, step_record: StepRecord) -> None:
         step = step_record.get("step")
         record = self._pending.pop(step, None) if isinstance(step, int) else None
         if record is not None:
@@ -310,14 +320,16 @@ class _MemoryRecords:
         step = record.get("step")
         if decide and isinstance(step, int) and not self._policy.keep(step, start):
             del record["times"], record["rss"]
-        self.out.append(record)
+        self.out.append(cast(MemRecord, record))
 
 
 def parse_records(lines: Iterable[bytes] | Iterable[str], rank: int) -> RankRecords:
     """Sort each readable record into its kind; count lines that are not records. ``lines`` may be
     any iterable of lines (a file opened in binary mode: read as it goes)."""
     result = RankRecords(rank)
-    buckets = {"policy": result.policies, "reduction_check": result.reduction_checks,
+    # The records are read as JSON and typed by their ``type``: a field's value is what the rank wrote
+    # (readers check types where a damaged file could mislead them).
+    buckets: dict[str, list[Any]] = {"policy": result.policies, "reduction_check": result.reduction_checks,
                "waiting": result.waiting}
     memory = _MemoryRecords(result.memory)
     for raw in lines:
@@ -335,7 +347,7 @@ def parse_records(lines: Iterable[bytes] | Iterable[str], rank: int) -> RankReco
         except ValueError:
             result.bad_lines += 1
             continue
-        if not isinstance(record, dict) or not isinstance(record.get("type"), str):
+        if not isinstance(record, dict) or not isinstance(record.get("type"), str):  # record: Any (JSON)
             result.bad_lines += 1
             continue
         kind = record["type"]
@@ -347,14 +359,15 @@ def parse_records(lines: Iterable[bytes] | Iterable[str], rank: int) -> RankReco
         elif kind == "mem":
             memory.add(record)
         elif kind == "step":
-            result.steps.append(record)
-            memory.step_ended(record)
+            step = cast(StepRecord, record)
+            result.steps.append(step)
+            memory.step_ended(step)
         elif kind == "start":
-            result.start = record
+            result.start = cast(StartRecord, record)
         elif kind == "end":
-            result.end = record
+            result.end = cast(EndRecord, record)
         elif kind == "killed":
-            result.killed = record
+            result.killed = cast(KilledRecord, record)
         else:
             buckets.get(kind, result.other).append(record)
     memory.finish()
@@ -364,13 +377,13 @@ def parse_records(lines: Iterable[bytes] | Iterable[str], rank: int) -> RankReco
 def bookkeeping_warnings(records: RankRecords) -> list[str]:
     """What memdiag could not record on a rank (the job went on unchanged): one line per kind of
     failure, with its count (from the end record; 1 or more where the rank did not end) and first error."""
-    counts = (records.end or {}).get("bookkeeping_failures") or {}
+    counts = records.end.get("bookkeeping_failures") if records.end else None
     lines = []
     for record in records.other:
         if record.get("type") != "bookkeeping":
             continue
         what = record.get("what")
-        count = counts.get(what) if isinstance(counts, dict) else None
+        count = counts.get(what) if isinstance(counts, dict) and isinstance(what, str) else None
         times = f"{count} time(s)" if isinstance(count, int) else "at least once"
         lines.append(f"rank {records.rank}: memdiag could not {what} ({times}; first: {record.get('error')}); "
                      "the job ran unchanged, and the figures leave that out")

@@ -12,7 +12,7 @@ hence ``total=False`` beyond the fields every record of a type carries.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, TypedDict, get_type_hints
 
 # The step of everything before the first training step (initial broadcasts, model building):
 # records of it carry ``"step": -1``; steps of training count from 0.
@@ -44,10 +44,13 @@ class StepRecord(_Record, total=False):
     t_end: float
     step_time_s: float
     peak_rss_bytes: int
+    sampled_peak_rss_bytes: int  # the largest RSS sample of the step (peak_rss_bytes: also the high-water mark)
     hwm_bytes: int
-    compute_peak_rss_bytes: int | None
-    collective_peak_rss_bytes: int | None
-    peak_phase: str | None
+    window_start: float | None  # the step's collective window: its first collective's start
+    window_end: float | None  # and its last one's end (scripts: the step's end)
+    compute_rise_bytes: int  # what RSS rose by outside the window (the compute phase)
+    collective_rise_bytes: int  # and inside it
+    peak_phase: str | None  # the phase that raised RSS most, or held
     collective_live_peak_bytes: int
     loss: float
     items: int
@@ -103,6 +106,30 @@ class CollectiveRecord(_Record, total=False):
     pack_members: list[str]  # a pack's tensors, in the order they were concatenated
 
 
+class ChoicesRecord(_Record, total=False):
+    """The script's arguments to Horovod's tape or optimizer: open (whatever the API takes), so that
+    only the fields every such record has are declared."""
+
+    step: int
+    api: str
+
+
+class ParamsInitialRecord(_Record, total=False):
+    """A digest of the trainable variables before the first update."""
+
+    step: int
+    digest: str
+    variables: int  # how many were read
+
+
+class ParamsFinalRecord(_Record, total=False):
+    """A digest of the same variables at the script's end."""
+
+    digest: str
+    variables: int  # how many were read
+    captured: int  # how many the hooks saw
+
+
 class CollectiveCallsRecord(_Record, total=False):
     """The calls of a step from step 32 on, after each kind's first full record."""
 
@@ -135,6 +162,11 @@ class PolicyRecord(_Record, total=False):
     index_bytes: int
     dense_rows: int
     row_elements: int
+    # --engine tf-distribute only (rows agreed over the workers):
+    engine: str
+    rows_per_worker: list[int]
+    rows_total: int
+    padding_bytes: int
 
 
 class DistinctRowsRecord(_Record, total=False):
@@ -156,6 +188,8 @@ class ReductionCheckRecord(_Record, total=False):
     scale: float
     rounding_bound_ratio: float  # max |diff| / float rounding's bound for the rows' sums (<= 1 passes)
     terms_max: int  # the most rows summed into one row
+    rows_compared: int  # the rows some rank looked up
+    nonzero_elsewhere: int  # elements nonzero outside them (a failed check)
     skipped: str
     engine: str  # tf-distribute (MultiWorkerMirroredStrategy's check); absent: Horovod
 
@@ -179,8 +213,18 @@ class KilledRecord(_Record, total=False):
     received_this_step: list[dict[str, Any]]
 
 
+class TerminatedRecord(_Record, total=False):
+    """Written on SIGTERM (scancel, a time limit, mpirun passing a signal on), before the end record."""
+
+    signal: str
+    step: int | None
+    in_flight: dict[str, Any] | None
+
+
 class EndRecord(_Record, total=False):
-    status: str  # ok / error / environment
+    status: str  # ok / error / environment / terminated
+    signal: str  # terminated only: the signal's name
+    step: int | None  # terminated only: the step the rank was in
     error: str | None
     hwm_bytes: int
     sampler_cpu_s: float | None  # CPU seconds of memdiag's sampling thread (None: it did not end)
@@ -207,16 +251,63 @@ class BookkeepingRecord(_Record, total=False):
 # Every record type a rank writes; those with a class above have their fields declared there.
 RECORD_TYPES = ("start", "choices", "collective", "collective_calls", "policy", "params_initial", "params_final",
                 "mem", "step", "distinct_rows", "reduction_check", "waiting", "killed", "own_work", "bookkeeping",
-                "end")
+                "terminated", "end")
 RECORD_CLASSES: dict[str, type] = {
     "start": StartRecord, "step": StepRecord, "mem": MemRecord, "collective": CollectiveRecord,
     "collective_calls": CollectiveCallsRecord, "policy": PolicyRecord, "distinct_rows": DistinctRowsRecord,
     "reduction_check": ReductionCheckRecord, "waiting": WaitingRecord, "killed": KilledRecord,
     "own_work": OwnWorkRecord, "bookkeeping": BookkeepingRecord, "end": EndRecord,
+    "choices": ChoicesRecord, "params_initial": ParamsInitialRecord, "params_final": ParamsFinalRecord,
+    "terminated": TerminatedRecord,
 }
+# Record types whose fields are open: any a script passed (the rest have every field declared above).
+OPEN_RECORD_TYPES = frozenset({"choices"})
+
+
+def undeclared_fields(record: dict[str, Any]) -> set[str]:
+    """The fields of a record (as read from ``rank-K.jsonl``) that its class above does not declare;
+    every field of a record of an unknown type. Empty for the open types."""
+    kind = record.get("type")
+    if kind in OPEN_RECORD_TYPES:
+        return set()
+    cls = RECORD_CLASSES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        return set(record)
+    return set(record) - _declared(cls)
+
+
+def _declared(cls: type) -> frozenset[str]:
+    fields = _DECLARED.get(cls)
+    if fields is None:
+        fields = _DECLARED[cls] = frozenset(get_type_hints(cls))
+    return fields
+
+
+_DECLARED: dict[type, frozenset[str]] = {}
 
 
 # -- results -----------------------------------------------------------------------------------------
+
+class PhaseFigures(TypedDict):
+    """Which phase set a rank's steady peak (memdiag.analyze.steady)."""
+
+    compute_peak_rss_bytes: int | None
+    collective_peak_rss_bytes: int | None
+    collective_rise_bytes: int | None
+    compute_rise_bytes: int | None
+    peak_phase: str | None
+
+
+class SteadyFigures(PhaseFigures):
+    """A rank's figures over its steady steps (memdiag.analyze.steady.steady_figures)."""
+
+    steady: bool | None
+    steady_from_step: int | None
+    first_step_peak_rss_bytes: int | None
+    steady_peak_rss_bytes: int | None
+    collective_live_peak_bytes: int | None
+    tail_peak_rss_bytes: int | None  # a script's last step, which runs on to the script's end
+
 
 class RankSummary(TypedDict, total=False):
     """One rank of ``summary.json`` ``ranks``."""
@@ -232,7 +323,7 @@ class RankSummary(TypedDict, total=False):
     allreduce_bytes_per_step: int
     collective_bytes_per_step: int
     step_time_s: float | None
-    steady: bool
+    steady: bool | None  # None: no training step with a peak
     steady_from_step: int | None
     steady_peak_rss_bytes: int | None
     first_step_peak_rss_bytes: int | None

@@ -35,3 +35,17 @@ def keras_variable_name(run_dir: Path, layer: str, variable: str) -> str:
     [start] = [r for r in read_records(Path(run_dir) / "rank-0.jsonl") if r["type"] == "start"]
     keras = start["versions"].get("keras") or ""
     return f"{layer}/{variable}:0" if keras.startswith("3.") else f"{variable}:0"
+
+
+def undeclared_record_fields(run_dir: Path) -> dict[str, list[str]]:
+    """Per record type, the fields the ranks wrote (every ``rank-K.jsonl`` under ``run_dir``) that
+    memdiag.schema does not declare for that type: what readers would meet undeclared."""
+    from memdiag.schema import undeclared_fields
+
+    found: dict[str, set[str]] = {}
+    for path in sorted(Path(run_dir).rglob("rank-*.jsonl")):
+        for record in read_records(path):
+            fields = undeclared_fields(record)
+            if fields:
+                found.setdefault(str(record.get("type")), set()).update(fields)
+    return {kind: sorted(fields) for kind, fields in found.items()}

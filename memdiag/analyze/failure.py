@@ -7,6 +7,7 @@ from typing import Any
 
 from memdiag import rundir
 from memdiag.collect import RankRecords, Run
+from memdiag.schema import WaitingRecord
 from memdiag.units import format_bytes
 
 # Horovod's stall inspector (HOROVOD_STALL_CHECK_TIME_SECONDS) names, per rank, the tensors that the
@@ -32,7 +33,7 @@ def last_collective(run: Run, rank: int) -> dict[str, Any] | None:
     return {"step": c.get("step"), "op": c["op"], "name": c["name"], "bytes_out": c["bytes_out"]}
 
 
-def still_waiting(records: RankRecords) -> dict[str, Any] | None:
+def still_waiting(records: RankRecords) -> WaitingRecord | None:
     """The rank's last wait record, unless that collective completed after it (a slow collective on a
     loaded machine is recorded as a wait, and is not a hang once it completes)."""
     if not records.waiting:

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from memdiag.recordformat import in_window
+from memdiag.schema import MemRecord, PhaseFigures, SteadyFigures, StepRecord
 
 # How far a steady window's peaks may lie apart, and its trend carry the run (module docstring).
 STEADY_TOLERANCE = 0.01
@@ -72,7 +73,7 @@ def least_squares_slope(values: Sequence[float]) -> float:
     return sum((x - mean_x) * (y - mean_y) for x, y in enumerate(values)) / spread if spread else 0.0
 
 
-def steady_figures(steps: list[dict[str, Any]], memory: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def steady_figures(steps: Sequence[StepRecord], memory: Sequence[MemRecord] | None = None) -> SteadyFigures:
     """Per-rank figures over the steady steps (``steps``: training step records in order; ``memory``:
     the rank's ``mem`` records, set-up included)."""
     steps = [s for s in steps if s.get("peak_rss_bytes")]
@@ -81,7 +82,7 @@ def steady_figures(steps: list[dict[str, Any]], memory: list[dict[str, Any]] | N
     tail = [s for s in steps if s.get("tail")]
     if tail and len(tail) < len(steps):
         steps = [s for s in steps if not s.get("tail")]
-    figures: dict[str, Any] = {
+    figures: SteadyFigures = {
         "steady": None, "steady_from_step": None, "first_step_peak_rss_bytes": None,
         "steady_peak_rss_bytes": None, "compute_peak_rss_bytes": None, "collective_peak_rss_bytes": None,
         "collective_rise_bytes": None, "compute_rise_bytes": None, "peak_phase": None,
@@ -93,20 +94,24 @@ def steady_figures(steps: list[dict[str, Any]], memory: list[dict[str, Any]] | N
     window = steps[start:]
     steady_peak = max(s["peak_rss_bytes"] for s in window)
     lives = [s["collective_live_peak_bytes"] for s in window if s.get("collective_live_peak_bytes") is not None]
-    figures.update({
+    return {
         "steady": settled,
         "steady_from_step": window[0]["step"],
         "first_step_peak_rss_bytes": steps[0]["peak_rss_bytes"],
         "steady_peak_rss_bytes": steady_peak,
         "collective_live_peak_bytes": max(lives) if lives else None,
-    })
-    figures.update(_phases(steps, window, memory or [], steady_peak))
-    return figures
+        "tail_peak_rss_bytes": figures["tail_peak_rss_bytes"],
+        **_phases(steps, window, memory or [], steady_peak),
+    }
 
 
-def _phases(steps: list[dict[str, Any]], window: list[dict[str, Any]], memory: list[dict[str, Any]],
-            steady_peak: int) -> dict[str, Any]:
-    windows = {s["step"]: (s["window_start"], s.get("window_end")) for s in steps if s.get("window_start")}
+def _phases(steps: Sequence[StepRecord], window: Sequence[StepRecord], memory: Sequence[MemRecord],
+            steady_peak: int) -> PhaseFigures:
+    windows: dict[int, tuple[float, float | None]] = {}
+    for s in steps:
+        window_start = s.get("window_start")
+        if window_start:
+            windows[s["step"]] = (window_start, s.get("window_end"))
     if not windows:  # no collective ran (one rank): compute set everything
         return {"compute_peak_rss_bytes": steady_peak, "collective_peak_rss_bytes": None,
                 "collective_rise_bytes": 0, "compute_rise_bytes": 0, "peak_phase": "compute"}
@@ -114,7 +119,7 @@ def _phases(steps: list[dict[str, Any]], window: list[dict[str, Any]], memory: l
     # In time order: every sample of the steps that kept theirs, and the aggregates of the others
     # (memdiag.agent.records: ranks keep the samples of every step until the first collective window,
     # so only steps after it are aggregates; their rises within the step are the step record's own).
-    stream: list[tuple[float, int, Any, dict[str, Any] | None]] = []
+    stream: list[tuple[float, int, Any, MemRecord | None]] = []
     for m in memory:
         times, rss = m.get("times"), m.get("rss")
         if isinstance(times, list) and isinstance(rss, list):

@@ -6,9 +6,9 @@ import math
 import os
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -17,27 +17,28 @@ from memdiag.analyze.attribution import summary_entry as attribution_entry
 from memdiag.analyze.failure import diagnose
 from memdiag.analyze.steady import steady_figures
 from memdiag.collect import CollectiveLog, RankRecords, Run
+from memdiag.schema import RankSummary, StepRecord
 
 
 def rank_status(records: RankRecords) -> str:
     if records.killed is not None:
         return "killed"
     if records.end is not None:
-        return cast(str, records.end.get("status", "ok"))
+        return records.end.get("status", "ok")
     return "died" if records.steps or records.start else "missing"
 
 
-def _training_steps(records: RankRecords) -> list[dict[str, Any]]:
+def _training_steps(records: RankRecords) -> list[StepRecord]:
     return [s for s in records.steps if s.get("step", 0) >= 0]
 
 
-def typical_step_time(steps: list[dict[str, Any]]) -> float | None:
+def typical_step_time(steps: Sequence[StepRecord]) -> float | None:
     """Median step time, leaving out step 0 (graph tracing) when later steps exist."""
     times = [s["step_time_s"] for s in steps if s.get("step", 0) >= 1] or [s["step_time_s"] for s in steps]
     return statistics.median(times) if times else None
 
 
-def rank_summary(records: RankRecords, live: dict[int, int] | None = None) -> dict[str, Any]:
+def rank_summary(records: RankRecords, live: dict[int, int] | None = None) -> RankSummary:
     """One rank's figures. ``live``: its collective outputs alive at once per step, by the analysis's
     model (:func:`live_collective_bytes`); they replace the figure the rank wrote, which counted a
     name's allgathers as one tensor and grouped ones one at a time."""
@@ -45,19 +46,21 @@ def rank_summary(records: RankRecords, live: dict[int, int] | None = None) -> di
     if live is None:
         live, _ = live_collective_bytes(_log(records.collectives))
     if live:
-        steps = [{**s, "collective_live_peak_bytes": live.get(s["step"], 0)} for s in steps]
+        steps = [s.copy() for s in steps]
+        for s in steps:
+            s["collective_live_peak_bytes"] = live.get(s["step"], 0)
     step_ids = {s["step"] for s in steps}
     per_op = _bytes_per_op(records.collectives, step_ids)
     n = max(1, len(step_ids))
     peaks = [s["peak_rss_bytes"] for s in records.steps if "peak_rss_bytes" in s]
     if records.killed:
         peaks.append(max(records.killed.get("rss_bytes", 0), records.killed.get("hwm_bytes", 0)))
-    hwms = [s.get("hwm_bytes", 0) for s in records.steps] + [(records.end or {}).get("hwm_bytes", 0)]
-    end = records.end or {}
+    end = records.end
+    hwms = [s.get("hwm_bytes", 0) for s in records.steps] + [end.get("hwm_bytes", 0) if end else 0]
     return {
         "rank": records.rank,
         "status": rank_status(records),
-        "host": (records.start or {}).get("host"),
+        "host": records.start.get("host") if records.start else None,
         "steps_completed": len(steps),
         "last_step": max(step_ids) if step_ids else None,
         "peak_rss_bytes": max(peaks) if peaks else None,
@@ -67,17 +70,18 @@ def rank_summary(records: RankRecords, live: dict[int, int] | None = None) -> di
         "collective_bytes_per_step": sum(per_op.values()) // n,
         "step_time_s": typical_step_time(steps),
         **steady_figures(sorted(steps, key=lambda s: s["step"]), records.memory),
-        "error": end.get("error"),
+        "error": end.get("error") if end else None,
         "killed": records.killed,
         # memdiag's own cost on this rank: its sampling thread's CPU seconds (end record), and the
         # seconds from the rank's start record to its end record
-        "sampler_cpu_s": end.get("sampler_cpu_s"),
+        "sampler_cpu_s": end.get("sampler_cpu_s") if end else None,
         "agent_wall_s": _agent_wall(records),
     }
 
 
 def _agent_wall(records: RankRecords) -> float | None:
-    start, end = (records.start or {}).get("t"), (records.end or {}).get("t")
+    start = records.start.get("t") if records.start else None
+    end = records.end.get("t") if records.end else None
     return end - start if isinstance(start, (int, float)) and isinstance(end, (int, float)) else None
 
 
@@ -468,7 +472,8 @@ def padding_summary(run: Run) -> list[dict[str, Any]]:
         padding, gathered = max(found.values())
         if not padding:
             continue  # equal rows: MWMS gathers without padding
-        rows = (policies.get(name) or {}).get("rows_per_worker")
+        policy = policies.get(name)
+        rows = policy.get("rows_per_worker") if policy else None
         entries.append({"name": name, "padding_bytes_per_step": padding, "gathered_bytes_per_step": gathered,
                         "padding_share": padding / gathered if gathered else None,
                         "rows_per_worker": rows})
@@ -477,7 +482,7 @@ def padding_summary(run: Run) -> list[dict[str, Any]]:
 
 def step_summary(run: Run) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Per step across ranks: loss, slowest rank, highest peak, and whether parameters agree."""
-    by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    by_step: dict[int, list[StepRecord]] = defaultdict(list)
     for records in run.ranks.values():
         for s in _training_steps(records):
             by_step[s["step"]].append(s)
@@ -535,10 +540,11 @@ def summarize(run: Run) -> dict[str, Any]:
                                   "average")
     peaks = [r["peak_rss_bytes"] for r in ranks if r["peak_rss_bytes"]]
     steady = [r for r in ranks if r.get("steady_peak_rss_bytes")]
-    top = max(steady, key=lambda r: r["steady_peak_rss_bytes"], default=None)
+    top = max(steady, key=lambda r: r["steady_peak_rss_bytes"] or 0, default=None)
+    by_name: list[Mapping[str, Any]] = list(ranks)  # read by a field's name
 
     def largest(key: str) -> int | None:
-        values = [r[key] for r in ranks if r.get(key) is not None]
+        values = [r[key] for r in by_name if r.get(key) is not None]
         return max(values) if values else None
     checks = [c for records in run.ranks.values() for c in records.reduction_checks]
     choices: list[dict[str, Any]] = []

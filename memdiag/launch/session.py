@@ -313,8 +313,8 @@ def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None) 
         raise
     run = conclude(out, manifest, returncode=result.returncode, timed_out=result.timed_out, wall_s=result.wall_s,
                    command=result.command, summarize_run=False)
-    problems = {(records.end or {}).get("error") for records in run.ranks.values()
-                if (records.end or {}).get("status") == "environment"}
+    problems = {records.end.get("error") for records in run.ranks.values()
+                if records.end and records.end.get("status") == "environment"}
     if problems:
         # Nothing was measured: leave nothing that looks like a run behind.
         shutil.rmtree(out, ignore_errors=True)
@@ -335,9 +335,8 @@ def _signal_name(signum: int) -> str:
 def stopped_at(records: RankRecords) -> int | None:
     """The last training step a rank recorded (its last ``step`` record, or a later step its records
     name: a collective in flight, a ``terminated`` record); None before its first step."""
-    found: list[int] = [s["step"] for s in records.steps if isinstance(s.get("step"), int) and s["step"] >= 0]
-    found += [r["step"] for r in (records.killed, records.end, *records.other)
-              if isinstance(r, dict) and isinstance(r.get("step"), int) and r["step"] >= 0]
+    found = [step for r in (*records.steps, records.killed, records.end, *records.other)
+             if r is not None and isinstance(step := r.get("step"), int) and step >= 0]
     if records.collectives:
         last = records.collectives[-1].get("step")
         if isinstance(last, int) and last >= 0:
@@ -390,7 +389,8 @@ def conclude(out: str, manifest: dict[str, Any], *, returncode: int | None, time
             f"terminated by {signal_name} before the first step"
     else:
         status = "ok" if ok else ("timeout" if timed_out else "failed")
-    hosts = [(run.ranks[r].start or {}).get("host") if r in run.ranks else None for r in range(world_size)]
+    starts = [run.ranks[r].start if r in run.ranks else None for r in range(world_size)]
+    hosts = [start.get("host") if start else None for start in starts]
     if manifest.get("placement") is None and all(hosts):
         # Where srun or the user's launcher put the ranks: their start records say.
         counts: dict[str, int] = {}

@@ -4,6 +4,7 @@ each rank's memory over time, and peak memory against the number of ranks for ea
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from memdiag.collect import Run, mem_points
@@ -27,7 +28,7 @@ def _pyplot() -> Any | None:
     return plt
 
 
-def rss_series(memory: list[dict[str, Any]], limit: int = MAX_POINTS) -> list[tuple[float, int]]:
+def rss_series(memory: Sequence[Mapping[str, Any]], limit: int = MAX_POINTS) -> list[tuple[float, int]]:
     """A rank's RSS over the run from its ``mem`` records: the samples of the steps that kept them and
     the first, largest and last sample of every other step, in time order; beyond ``limit`` points,
     neighbouring pairs are merged into their larger value (as the sampler does), so no peak is lost."""

@@ -151,7 +151,7 @@ def chrome_trace(run: Run, timeline: Timeline | None = None) -> tuple[dict[str, 
             offset = timeline.start_us - origin * 1e6
         else:  # no start time in the file: Horovod's clock starts at hvd.init(), just before rank 0's start record
             rank0 = run.ranks[0].start if 0 in run.ranks else None
-            start = (rank0 or {}).get("t", origin)
+            start = rank0.get("t", origin) if rank0 else origin
             first = min((e["ts"] for e in timeline.events if isinstance(e.get("ts"), (int, float))), default=0)
             offset = (start - origin) * 1e6 - first
             notes.append("Horovod's timeline has no start time: aligned its first event with rank 0's start")

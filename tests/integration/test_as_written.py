@@ -13,7 +13,7 @@ import pytest
 
 from memdiag.analyze.timeline import record_collectives, timeline_collectives, unshaped_ops
 from memdiag.rundir import read_timeline
-from tests.helpers import ROOT, memdiag, read_json, read_records
+from tests.helpers import ROOT, memdiag, read_json, read_records, undeclared_record_fields
 
 pytestmark = pytest.mark.mpi
 
@@ -117,6 +117,7 @@ def test_the_scripts_choices_are_recorded_and_an_override_is_reported(runs_root)
     assert "sparse_as_dense=True" in result.stdout
     # the embedding gradient was allgathered although the script asked for a dense allreduce
     assert any(c["op"] == "allgather" and c["sparse"] for c in summary["collectives"])
+    assert undeclared_record_fields(out) == {}  # a script's records (choices are open: any argument)
 
 
 def test_process_set_and_reduce_op_size_the_records(runs_root):

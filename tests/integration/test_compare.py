@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from memdiag.workloads.configs import PRESETS
-from tests.helpers import memdiag, read_json, read_records
+from tests.helpers import memdiag, read_json, read_records, undeclared_record_fields
 
 # The shared comparison runs four modes at two rank counts, then the verification: more than the
 # default 600 s on 2 shared cores under load.
@@ -33,6 +33,8 @@ def test_compare_writes_rows_growth_and_correctness(comparison):
     assert set(data["growth_bytes_per_rank"]) == set(modes)
     c = data["correctness"]
     assert c["passed"] is True and c["max_abs_diff"] is not None and c["max_rel_diff"] is not None
+    # every mode's and the verification runs' records: every field declared in memdiag.schema
+    assert undeclared_record_fields(out) == {}
     assert c["reduction"]["passed"] is True and c["reduction"]["tensors"]
     # merged and unmerged reductions agree within the tolerance, as do the final parameters of dedup
     assert set(c["reduction"]["by_reduction"]) == {"dense", "dedup"}

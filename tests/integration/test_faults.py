@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.helpers import memdiag, read_json, read_records
+from tests.helpers import memdiag, read_json, read_records, undeclared_record_fields
 
 pytestmark = pytest.mark.mpi
 
@@ -52,6 +52,7 @@ def test_memory_limit_kills_the_rank_and_keeps_every_completed_step(runs_root, s
         assert completed == list(range(-1, record["step"]))
     assert "killed at step" in result.stdout
     assert any(r["status"] == "killed" for r in summary["ranks"])
+    assert undeclared_record_fields(out) == {}  # the killed record's fields are declared
 
 
 HANG = """

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import PYTHON, ROOT, memdiag, read_json, read_records
+from tests.helpers import PYTHON, ROOT, memdiag, read_json, read_records, undeclared_record_fields
 from tests.launchers import MARKER_SCRIPT, collective_signature, end_records, memdiag_agent_argv
 
 SCRIPT = "examples/user_tape_function.py"
@@ -197,6 +197,7 @@ def test_sigterm_to_memdiag_run_lets_every_rank_write_and_marks_the_run_terminat
         assert end["status"] == "terminated" and end["signal"] == "SIGTERM" and end["step"] >= 1
         assert manifest["rank_stopped_at_step"][str(rank)] == _last_step(out / f"rank-{rank}.jsonl")
     assert read_json(out / "summary.json")["status"] == manifest["status"]
+    assert undeclared_record_fields(out) == {}  # the terminated and end records' fields are declared
     report = memdiag("report", str(out))
     assert report.returncode == 0 and "terminated by SIGTERM at step" in report.stdout
 

@@ -9,7 +9,7 @@ import tempfile
 import pytest
 
 from memdiag.workloads.configs import PRESETS
-from tests.helpers import memdiag, read_json, read_records
+from tests.helpers import memdiag, read_json, read_records, undeclared_record_fields
 
 pytestmark = pytest.mark.mpi
 TINY = PRESETS["transformer"]["tiny"]
@@ -39,6 +39,8 @@ def test_run_writes_the_run_directory(sparse_run):
     for r in summary["ranks"]:
         assert r["peak_rss_bytes"] > 100 * 2**20 and r["hwm_bytes"] >= r["peak_rss_bytes"] * 0.99
         assert r["step_time_s"] > 0
+    # every field the ranks wrote is declared in memdiag.schema, the readers' types
+    assert undeclared_record_fields(out) == {}
 
 
 def test_sparse_embedding_gradient_is_an_allgather_of_n_times_the_batch_rows(sparse_run):

@@ -16,7 +16,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from tests.helpers import PYTHON, ROOT, keras_variable_name, memdiag, read_json, read_records
+from tests.helpers import PYTHON, ROOT, keras_variable_name, memdiag, read_json, read_records, undeclared_record_fields
 
 pytestmark = [pytest.mark.mpi, pytest.mark.tfdist]
 
@@ -78,6 +78,7 @@ def test_the_run_records_the_engine_and_no_horovod(as_written):
         assert "horovod" not in start["versions"] and start["versions"]["tensorflow"]
         assert start["tf_config"]["source"] == "memdiag"
         assert f'"index": {rank}' in start["tf_config"]["value"]
+    assert undeclared_record_fields(as_written) == {}  # the engine's own fields are declared too
 
 
 def test_each_step_gathers_n_times_the_longest_workers_rows_with_the_padding(as_written):

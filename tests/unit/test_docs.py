@@ -86,6 +86,18 @@ def test_every_record_field_the_code_declares_is_documented():
         assert not missing, f"{_rel(RECORD_TABLE)}, type {kind}: undocumented {missing}"
 
 
+def test_every_record_type_has_a_class_and_an_undeclared_field_is_found():
+    """Each record type a rank writes has its fields declared (the integration tests check the records
+    real runs write against them); a field a type does not declare is reported, open types excepted."""
+    from memdiag.schema import RECORD_CLASSES, RECORD_TYPES, undeclared_fields
+
+    assert set(RECORD_CLASSES) == set(RECORD_TYPES)
+    assert undeclared_fields({"type": "step", "rank": 0, "t": 1.0, "step": 2, "stpe": 3}) == {"stpe"}
+    assert undeclared_fields({"type": "end", "rank": 0, "t": 1.0, "status": "ok"}) == set()
+    assert undeclared_fields({"type": "choices", "rank": 0, "t": 1.0, "op": "sum"}) == set()
+    assert undeclared_fields({"type": "nonesuch", "a": 1}) == {"type", "a"}
+
+
 def anchors(path: Path) -> set[str]:
     """The anchors GitHub gives a Markdown file's headings: lower case, punctuation but - and _ dropped,
     spaces as -, a repeated one numbered (-1, -2, ...); headings inside fenced code do not count."""
