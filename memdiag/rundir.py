@@ -136,6 +136,45 @@ def write_json(path: str, value: Any, indent: int | None = 2) -> None:
             os.remove(tmp)
 
 
+# compare.json's format: 2 names a row's peak for what it is, steady_peak_rss_bytes_median (the largest
+# rank's steady peak, the median over the row's repeats); 1 (no "format" field) called it peak_rss_bytes_max,
+# the name summary.json gives the overall peak. read_comparison reads both.
+COMPARE_FORMAT = 2
+_OLD_ROW_PEAK, _ROW_PEAK = "peak_rss_bytes_max", "steady_peak_rss_bytes_median"
+
+
+def read_comparison(path: str) -> dict[str, Any]:
+    """A comparison directory's ``compare.json`` in the current format (an older one converted)."""
+    file = os.path.join(path, COMPARE_FILE)
+    result = read_json(file)
+    if not isinstance(result, dict):
+        raise UserError(f"{file} is not a comparison's result; the directory is damaged")
+    version = result.get("format", 1)
+    if not isinstance(version, int) or not 1 <= version <= COMPARE_FORMAT:
+        raise UserError(f"{file} has format {version!r}, which this memdiag does not know; "
+                        f"read it with the memdiag that wrote it (this one reads formats 1-{COMPARE_FORMAT})")
+    return upgrade_comparison(result)
+
+
+def write_comparison(path: str, result: dict[str, Any]) -> None:
+    """A comparison's result as its directory's ``compare.json``, in the current format."""
+    result["format"] = COMPARE_FORMAT
+    write_json(os.path.join(path, COMPARE_FILE), result)
+
+
+def upgrade_comparison(result: dict[str, Any]) -> dict[str, Any]:
+    """A ``compare.json`` of format 1 as format 2 (in place): its rows' peak renamed, in every engine's
+    comparison too. A result of the current format is returned as it is."""
+    if result.get("format", 1) < 2:
+        parts = [result, *(each for each in (result.get("engines") or {}).values() if isinstance(each, dict))]
+        for part in parts:
+            for row in [*(part.get("rows") or []), *(part.get("side_by_side") or [])]:
+                if isinstance(row, dict) and _OLD_ROW_PEAK in row and _ROW_PEAK not in row:
+                    row[_ROW_PEAK] = row.pop(_OLD_ROW_PEAK)
+    result["format"] = COMPARE_FORMAT
+    return result
+
+
 def read_json(path: str) -> Any:
     """A JSON file of a run directory; a missing or damaged one is a one-line error."""
     try:

@@ -346,7 +346,9 @@ class CompareRow(TypedDict, total=False):
     world_size: int
     mode: str
     status: str
-    peak_rss_bytes_max: float  # the steady-state peak; with --repeats, the median over the repeats
+    # the largest rank's steady peak (summary.json's steady_peak_rss_bytes_max; its overall peak where no training
+    # step ran), the median over the row's repeats (one run: that run's)
+    steady_peak_rss_bytes_median: float
     peak_spread_bytes: float | None  # with --repeats: max - min over the repeats (the noise)
     repeats: int
     first_step_peak_rss_bytes: int | None
@@ -373,7 +375,7 @@ class EngineRow(TypedDict, total=False):
     engine: str
     mode: str
     status: str
-    peak_rss_bytes_max: float | None
+    steady_peak_rss_bytes_median: float | None  # as in CompareRow
     peak_spread_bytes: float | None
     repeats: int
     peak_phase: str | None

@@ -25,7 +25,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -35,6 +34,7 @@ from typing import Any
 
 from memdiag.analyze.model import MemoryModel, build_model
 from memdiag.commands.predict import load_summaries
+from memdiag.rundir import read_comparison
 from memdiag.units import format_bytes
 
 MIB = 2**20
@@ -65,13 +65,11 @@ class ModeFigures:
 
 
 def load(compare_dir: str) -> tuple[dict[str, Any], MemoryModel]:
-    with open(os.path.join(compare_dir, "compare.json"), encoding="utf-8") as f:
-        result = json.load(f)
-    return result, build_model(load_summaries(compare_dir))
+    return read_comparison(compare_dir), build_model(load_summaries(compare_dir))
 
 
 def figures(result: dict[str, Any], model: MemoryModel, max_ranks: int | None) -> tuple[list[ModeFigures], int]:
-    rows = [r for r in result["rows"] if r.get("peak_rss_bytes_max")]
+    rows = [r for r in result["rows"] if r.get("steady_peak_rss_bytes_median")]
     modes = [m for m in result.get("modes") or sorted({r["mode"] for r in rows}) if any(r["mode"] == m for r in rows)]
     largest = max((r["world_size"] for r in rows), default=2)
     crossovers = [model.regime_change_ranks(m) for m in modes]
@@ -79,8 +77,8 @@ def figures(result: dict[str, Any], model: MemoryModel, max_ranks: int | None) -
     last = max(last, 2)
     out = []
     for mode, crossover in zip(modes, crossovers):
-        measured = sorted((Point(r["world_size"], r["peak_rss_bytes_max"], r.get("peak_spread_bytes"), r.get("peak_phase"))
-                           for r in rows if r["mode"] == mode), key=lambda p: p.world_size)
+        measured = sorted((Point(r["world_size"], r["steady_peak_rss_bytes_median"], r.get("peak_spread_bytes"),
+                                 r.get("peak_phase")) for r in rows if r["mode"] == mode), key=lambda p: p.world_size)
         # From N = 1 as predict scans it (one rank gathers nothing: the line is the base there).
         span = range(1, last + 1)
         gathered = {n: model.gathered_bytes(mode, n) for n in span}

@@ -39,7 +39,7 @@ def table_row(summary: dict[str, Any], run_dir: str) -> CompareRow:
         "mode": summary["mode"],
         "status": summary["status"],
         # Steady-state figures where the run has them (docs/explanation/measurement.md); the first step's apart.
-        "peak_rss_bytes_max": summary.get("steady_peak_rss_bytes_max") or summary["peak_rss_bytes_max"],
+        "steady_peak_rss_bytes_median": summary.get("steady_peak_rss_bytes_max") or summary["peak_rss_bytes_max"],
         "first_step_peak_rss_bytes": summary.get("first_step_peak_rss_bytes_max"),
         "steady": summary.get("steady"),
         "peak_phase": summary.get("peak_phase"),
@@ -451,7 +451,7 @@ def build(target: str, preset: str | None, run_dirs: Mapping[tuple[int, str], st
         "rows": rows,
         # One rank runs no collective and allocates none of Horovod's buffers: growth per added
         # rank is fitted from N >= 2 where two such rank counts exist.
-        "growth_bytes_per_rank": growth(rows, "peak_rss_bytes_max", fit_from),
+        "growth_bytes_per_rank": growth(rows, "steady_peak_rss_bytes_median", fit_from),
         "collective_growth_bytes_per_rank": growth(rows, "collective_bytes_per_rank", fit_from),
         # Modelled, from the records (no RSS noise): the collective outputs alive at once per step, as
         # summary.live_collective_bytes counts them (its docstring names the assumptions).
@@ -481,7 +481,7 @@ def with_repeats(row: CompareRow, runs: list[dict[str, Any]]) -> CompareRow:
     found: list[float] = [p for p in peaks if p]
     row["repeats"] = len(runs)
     if len(found) > 1:
-        row["peak_rss_bytes_max"] = statistics.median(found)
+        row["steady_peak_rss_bytes_median"] = statistics.median(found)
         row["peak_spread_bytes"] = max(found) - min(found)
     else:
         row["peak_spread_bytes"] = None
@@ -530,7 +530,7 @@ def physics(result: dict[str, Any], summaries: dict[tuple[int, str], dict[str, A
 
     def peak(n: int | None, mode: str) -> float | None:
         row = by_key.get((n, mode)) if n is not None else None
-        return None if row is None else row["peak_rss_bytes_max"]
+        return None if row is None else row["steady_peak_rss_bytes_median"]
 
     def beyond_noise(a: float | None, b: float | None) -> bool | None:
         if a is None or b is None or noise_bytes is None:
@@ -642,7 +642,7 @@ def engine_row(engine: str, row: CompareRow, summary: Mapping[str, Any]) -> Engi
         "engine": engine,
         "mode": row["mode"],
         "status": row["status"],
-        "peak_rss_bytes_max": row.get("peak_rss_bytes_max"),
+        "steady_peak_rss_bytes_median": row.get("steady_peak_rss_bytes_median"),
         "peak_spread_bytes": row.get("peak_spread_bytes"),
         "repeats": row.get("repeats", 1),
         "peak_phase": row.get("peak_phase"),
@@ -757,11 +757,11 @@ def engines_verdict(order: Sequence[str], rows: Sequence[EngineRow], results: Ma
     the engines'), the gathered bytes of each
     engine's sparse run, MWMS's padding and whether every worker had the same rows, and whether the
     measured gathered bytes equal the formula's."""
-    done = [r for r in rows if r["status"] == "ok" and r.get("peak_rss_bytes_max")]
+    done = [r for r in rows if r["status"] == "ok" and r.get("steady_peak_rss_bytes_median")]
     largest = max((r["world_size"] for r in done), default=None)
-    at = sorted((r for r in done if r["world_size"] == largest), key=lambda r: r["peak_rss_bytes_max"] or 0)
-    peaks: list[EnginePeak] = [{"engine": r["engine"], "mode": r["mode"], "peak_rss_bytes": r["peak_rss_bytes_max"] or 0}
-                               for r in at]
+    at = sorted((r for r in done if r["world_size"] == largest), key=lambda r: r["steady_peak_rss_bytes_median"] or 0)
+    peaks: list[EnginePeak] = [
+        {"engine": r["engine"], "mode": r["mode"], "peak_rss_bytes": r["steady_peak_rss_bytes_median"] or 0} for r in at]
     lead = peaks[1]["peak_rss_bytes"] - peaks[0]["peak_rss_bytes"] if len(peaks) >= 2 else None
     best: dict[str, EnginePeak] = {}
     for p in peaks:  # lowest first: the first of each engine is its best

@@ -63,11 +63,10 @@ def _modes(text: str) -> list[str]:
 
 def render_compare_dir(path: str, fmt: str) -> int:
     import json
-    import os
 
     from memdiag import rundir
 
-    result = rundir.read_json(os.path.join(path, rundir.COMPARE_FILE))
+    result = rundir.read_comparison(path)
     if fmt == "json":
         print(json.dumps(result, indent=2))
     elif fmt == "markdown":

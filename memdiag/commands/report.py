@@ -87,7 +87,7 @@ def _compare_plots(path: str) -> list[str] | None:
     from memdiag import rundir
     from memdiag.report.plots import PEAK_PLOT, plot_peak_vs_ranks, write_compare_plots
 
-    result = rundir.read_json(os.path.join(path, rundir.COMPARE_FILE))
+    result = rundir.read_comparison(path)
     if result.get("engine") != "both":
         return write_compare_plots(path)
     rows = [{**r, "mode": f"{r['engine']} {r['mode']}"} for r in result["side_by_side"]]

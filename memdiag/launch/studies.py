@@ -158,7 +158,7 @@ def run_compare(request: CompareRequest, console: Console) -> dict[str, Any]:
         if engine != HOROVOD:
             result["engine"] = engine  # Horovod's compare.json stays as it was before engines
     result.update(study)
-    rundir.write_json(os.path.join(out, rundir.COMPARE_FILE), result)
+    rundir.write_comparison(out, result)
     return result
 
 

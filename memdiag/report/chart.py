@@ -13,7 +13,7 @@ MODE_STYLES = {"sparse": "red", "dense": "green", "auto": "cyan"}
 
 def peak_chart(rows: list[dict[str, Any]], width: int = 40) -> Text:
     """Bars start at the smallest peak shown, so differences of a few percent stay visible."""
-    values = [r["peak_rss_bytes_max"] for r in rows if r["peak_rss_bytes_max"]]
+    values = [r["steady_peak_rss_bytes_median"] for r in rows if r["steady_peak_rss_bytes_median"]]
     text = Text()
     if not values:
         return text
@@ -21,7 +21,7 @@ def peak_chart(rows: list[dict[str, Any]], width: int = 40) -> Text:
     floor = low - (high - low) * 0.1 if high > low else low * 0.9
     span = max(high - floor, 1)
     for row in rows:
-        value = row["peak_rss_bytes_max"]
+        value = row["steady_peak_rss_bytes_median"]
         if not value:
             continue
         length = max(1, round(width * (value - floor) / span))

@@ -27,7 +27,7 @@ def compare_table(result: dict[str, Any]) -> FitTable:
     title = "Per rank count and mode (max over ranks, steady state" + (", median of repeats)" if repeated else ")")
     table = FitTable(columns, title=title)
     for row in result["rows"]:
-        cells = [str(row["world_size"]), row["mode"], format_bytes(row["peak_rss_bytes_max"])]
+        cells = [str(row["world_size"]), row["mode"], format_bytes(row["steady_peak_rss_bytes_median"])]
         if repeated:
             cells.append("-" if row.get("peak_spread_bytes") is None else format_bytes(row["peak_spread_bytes"]))
         cells += [row.get("peak_phase") or "-",
@@ -351,7 +351,7 @@ def engines_peak_table(result: dict[str, Any]) -> FitTable:
     title = "Per-rank steady peak (max over ranks" + (", median of repeats)" if repeated else ")")
     table = FitTable(columns, title=title)
     for i, row in enumerate(rows):
-        cells = [str(row["world_size"]), row["engine"], row["mode"], format_bytes(row.get("peak_rss_bytes_max"))]
+        cells = [str(row["world_size"]), row["engine"], row["mode"], format_bytes(row.get("steady_peak_rss_bytes_median"))]
         if repeated:
             cells.append(format_bytes(row.get("peak_spread_bytes")))
         cells += [row.get("peak_phase") or "-", row["status"]]

@@ -43,7 +43,7 @@ def compare_markdown(result: dict[str, Any]) -> str:
         return engines_markdown(result)
     rows = _table(
         ["N", "mode", "peak RSS (max)", "collective bytes/rank/step", "step time", "status"],
-        [[str(r["world_size"]), r["mode"], format_bytes(r["peak_rss_bytes_max"]),
+        [[str(r["world_size"]), r["mode"], format_bytes(r["steady_peak_rss_bytes_median"]),
           format_bytes(r["collective_bytes_per_rank"]),
           "-" if r["step_time_s"] is None else f"{r['step_time_s'] * 1000:.0f} ms", r["status"]]
          for r in result["rows"]],
@@ -70,7 +70,7 @@ def engines_markdown(result: dict[str, Any]) -> str:
     rows = _table(
         ["N", "engine", "mode", "peak RSS (max)"] + (["spread"] if repeated else [])
         + ["set by", "gathered/rank/step", "formula", "padding", "allreduce/rank/step", "status"],
-        [[str(r["world_size"]), r["engine"], r["mode"], format_bytes(r.get("peak_rss_bytes_max"))]
+        [[str(r["world_size"]), r["engine"], r["mode"], format_bytes(r.get("steady_peak_rss_bytes_median"))]
          + ([format_bytes(r.get("peak_spread_bytes"))] if repeated else [])
          + [r.get("peak_phase") or "-", format_bytes(r["gathered_bytes_per_rank"]),
             format_bytes(r.get("predicted_gathered_bytes_per_rank")), format_bytes(r.get("padding_bytes_per_rank")),

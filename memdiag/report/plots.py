@@ -91,8 +91,8 @@ def plot_peak_vs_ranks(rows: list[dict[str, Any]], path: str, title: str = "") -
         return None
     by_mode: dict[str, list[tuple[int, float]]] = {}
     for row in rows:
-        if row.get("peak_rss_bytes_max") and row.get("world_size"):
-            by_mode.setdefault(row.get("mode", "?"), []).append((row["world_size"], row["peak_rss_bytes_max"] / MIB))
+        if row.get("steady_peak_rss_bytes_median") and row.get("world_size"):
+            by_mode.setdefault(row.get("mode", "?"), []).append((row["world_size"], row["steady_peak_rss_bytes_median"] / MIB))
     fig, ax = plt.subplots(figsize=(7, 5), dpi=100)
     markers = {"sparse": "o", "dense": "s", "auto": "^"}
     counts = sorted({n for points in by_mode.values() for n, _ in points})
@@ -128,10 +128,9 @@ def write_run_plots(run: Run) -> list[str] | None:
 
 def write_compare_plots(compare_dir: str) -> list[str] | None:
     """``peak-vs-ranks.png`` in a comparison directory (from its compare.json); None without matplotlib."""
-    import json
+    from memdiag.rundir import read_comparison
 
-    with open(os.path.join(compare_dir, "compare.json"), encoding="utf-8") as f:
-        result = json.load(f)
+    result = read_comparison(compare_dir)
     title = f"{result.get('workload', '?')} ({result.get('preset', '?')}): peak memory per rank against ranks"
     path = plot_peak_vs_ranks(result.get("rows", []), os.path.join(compare_dir, PEAK_PLOT), title)
     return None if path is None else [path]

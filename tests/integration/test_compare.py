@@ -28,8 +28,8 @@ def test_compare_writes_rows_growth_and_correctness(comparison):
     modes = ("sparse", "dense", "auto", "dedup")
     assert {(r["world_size"], r["mode"]) for r in data["rows"]} == {(n, m) for n in (1, 2) for m in modes}
     for row in data["rows"]:
-        assert {"world_size", "mode", "peak_rss_bytes_max", "collective_bytes_per_rank", "step_time_s"} <= set(row)
-        assert row["peak_rss_bytes_max"] > 0 and row["status"] == "ok"
+        assert {"world_size", "mode", "steady_peak_rss_bytes_median", "collective_bytes_per_rank", "step_time_s"} <= set(row)
+        assert row["steady_peak_rss_bytes_median"] > 0 and row["status"] == "ok"
     assert set(data["growth_bytes_per_rank"]) == set(modes)
     c = data["correctness"]
     assert c["passed"] is True and c["max_abs_diff"] is not None and c["max_rel_diff"] is not None

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from memdiag import rundir
 from memdiag.agent.records import RecordWriter
 from memdiag.analyze import compare as comparison
 from memdiag.analyze.summary import summarize
@@ -164,7 +165,7 @@ def write_comparison(root: Path, peaks: dict | None = None, uneven: bool = False
     for each in result["engines"].values():
         each.update(study)
     result.update(study)
-    (root / "compare.json").write_text(json.dumps(result, indent=2, default=str))
+    rundir.write_comparison(str(root), result)
     return json.loads((root / "compare.json").read_text())
 
 
@@ -212,7 +213,7 @@ def test_every_engine_rank_count_and_mode_has_a_row_with_its_steady_peak(both):
     keys = [(r["world_size"], r["engine"], r["mode"]) for r in result["side_by_side"]]
     assert keys == [(n, e, m) for n in RANKS for e in (HVD, TFD) for m in sorted(MODES)]
     for (n, engine, mode), peak in PEAKS.items():
-        assert row(result, n, engine, mode)["peak_rss_bytes_max"] == peak * MiB
+        assert row(result, n, engine, mode)["steady_peak_rss_bytes_median"] == peak * MiB
     # each engine's own comparison is there too, from its own runs
     assert set(result["engines"]) == {HVD, TFD}
     assert {r["run_dir"] for r in result["engines"][TFD]["rows"]} == {f"tfd-n{n}-{m}" for n in RANKS for m in MODES}
@@ -338,7 +339,7 @@ def test_the_report_fits_80_columns_without_cutting_a_figure_an_engine_or_a_mode
     bytes_ = table_rows(text, "Bytes per rank per step")
     for r in result["side_by_side"]:
         key = (str(r["world_size"]), r["engine"], r["mode"])
-        assert peaks[key][0] == format_bytes(r["peak_rss_bytes_max"]) and peaks[key][-1] == "ok"
+        assert peaks[key][0] == format_bytes(r["steady_peak_rss_bytes_median"]) and peaks[key][-1] == "ok"
         assert bytes_[key] == [format_bytes(r["gathered_bytes_per_rank"]),
                                format_bytes(r["predicted_gathered_bytes_per_rank"]),
                                format_bytes(r["padding_bytes_per_rank"]), format_bytes(r["allreduce_bytes_per_rank"])]

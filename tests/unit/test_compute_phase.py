@@ -192,7 +192,7 @@ def test_the_comparison_records_which_phase_set_each_peak(comparison):
     for (n, mode), row in rows.items():
         assert row["peak_phase"] == expected_phase(n, mode, reduce_op), (n, mode)
         assert row["compute_peak_rss_bytes"] == COMPUTE[n], (n, mode)
-        assert row["peak_rss_bytes_max"] == window_rss(n, mode, reduce_op), (n, mode)
+        assert row["steady_peak_rss_bytes_median"] == window_rss(n, mode, reduce_op), (n, mode)
     assert result["physics"]["phases"] == {
         mode: {str(n): expected_phase(n, mode, reduce_op) for n in RANK_COUNTS} for mode in MODES}
     assert result["physics"]["phases"]["sparse"]["2"] == "compute"

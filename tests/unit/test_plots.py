@@ -51,9 +51,9 @@ def test_memory_series_are_per_rank_seconds_and_mib(tmp_path):
 
 
 def test_peak_against_ranks_plot(tmp_path):
-    rows = [{"world_size": n, "mode": mode, "peak_rss_bytes_max": (900 + (100 * n if mode == "sparse" else 5)) * 2**20}
+    rows = [{"world_size": n, "mode": mode, "steady_peak_rss_bytes_median": (900 + (100 * n if mode == "sparse" else 5)) * 2**20}
             for n in (1, 2, 4, 8) for mode in ("sparse", "dense", "auto")]
-    rows.append({"world_size": 16, "mode": "sparse", "peak_rss_bytes_max": None})  # a failed run
+    rows.append({"world_size": 16, "mode": "sparse", "steady_peak_rss_bytes_median": None})  # a failed run
     path = plots.plot_peak_vs_ranks(rows, str(tmp_path / plots.PEAK_PLOT), "transformer (tiny)")
     assert png_size(Path(path)) == (700, 500) and Path(path).stat().st_size > 10_000
 
@@ -71,7 +71,7 @@ def test_cli_writes_plots_beside_a_run_and_a_comparison(tmp_path):
     compare.mkdir()
     (compare / "compare.json").write_text(json.dumps({
         "workload": "transformer", "preset": "tiny", "rows": [
-            {"world_size": n, "mode": m, "peak_rss_bytes_max": (900 + n * 10) * 2**20}
+            {"world_size": n, "mode": m, "steady_peak_rss_bytes_median": (900 + n * 10) * 2**20}
             for n in (1, 2) for m in ("sparse", "dense")]}))
     result = memdiag("report", str(compare), "--plots", "--format", "json")
     assert result.returncode == 0, result.stderr
@@ -91,7 +91,7 @@ def test_without_matplotlib_one_line_says_so(tmp_path, monkeypatch, capsys):
     assert not (run_dir / plots.MEMORY_PLOT).exists()
 
 
-@pytest.mark.parametrize("rows", [[], [{"world_size": 2, "mode": "sparse", "peak_rss_bytes_max": None}]])
+@pytest.mark.parametrize("rows", [[], [{"world_size": 2, "mode": "sparse", "steady_peak_rss_bytes_median": None}]])
 def test_peak_plot_without_figures_is_still_an_image(tmp_path, rows):
     path = plots.plot_peak_vs_ranks(rows, str(tmp_path / "empty.png"))
     png_size(Path(path))

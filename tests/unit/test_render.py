@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from memdiag._errors import UserError
 from memdiag.analyze import compare as compare_analysis
 from memdiag.analyze.attribution import Attribution, attribute_records
 from memdiag.analyze.model import build_model, prediction_table
@@ -153,13 +154,43 @@ def test_compare_report_at_80_columns_keeps_every_figure(comparison):
     assert_fits(text)
     rows = rows_by_key(text)
     for row in result["rows"]:
-        assert_row(rows, (str(row["world_size"]), row["mode"]), format_bytes(row["peak_rss_bytes_max"]),
+        assert_row(rows, (str(row["world_size"]), row["mode"]), format_bytes(row["steady_peak_rss_bytes_median"]),
                    format_bytes(row["collective_bytes_per_rank"]), format_bytes(row["allgather_bytes_per_rank"]),
                    row["status"])
     assert_row(rows, ("1200", "sparse"), "45.8 GiB")  # 2 tables x 1200 x 5000 x (4096 + 4) bytes
     growth = rows_by_key(text, keys=1)
     for mode, slope in result["collective_growth_bytes_per_rank"].items():
         assert_row(growth, (mode,), ("+" if slope >= 0 else "") + format_bytes(slope))
+
+
+def test_a_comparison_written_in_the_first_format_reads_and_renders_as_the_current_one(comparison, tmp_path, capsys):
+    # GIVEN a comparison's result, and the same result as compare.json's first format wrote it: no format
+    # field, each row's steady peak (median over repeats) under the name summary.json gives the overall peak
+    from memdiag import rundir
+    from memdiag.commands.compare import render_compare_dir
+
+    result = compare_analysis.build("transformer", "base", comparison)
+    result.update(modes=list(MODES), rank_counts=list(RANKS), steps=2, format=rundir.COMPARE_FORMAT)
+    old = json.loads(json.dumps(result))
+    del old["format"]
+    for row in old["rows"]:
+        row["peak_rss_bytes_max"] = row.pop("steady_peak_rss_bytes_median")
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / rundir.COMPARE_FILE).write_text(json.dumps(old))
+    # WHEN memdiag reads it (as `memdiag report` and `memdiag compare --from` do)
+    read = rundir.read_comparison(str(tmp_path / "old"))
+    # THEN it is the current result, and its JSON and its report are the current ones
+    assert read == json.loads(json.dumps(result))
+    assert render_compare_dir(str(tmp_path / "old"), "json") == 0
+    assert json.loads(capsys.readouterr().out) == read
+    rows = rows_by_key(narrow(print_compare, read))
+    for row in result["rows"]:
+        assert_row(rows, (str(row["world_size"]), row["mode"]), format_bytes(row["steady_peak_rss_bytes_median"]))
+    # AND a format this memdiag does not know is a one-line error that says what to do
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / rundir.COMPARE_FILE).write_text(json.dumps({**result, "format": 99}))
+    with pytest.raises(UserError, match="format 99.*read it with the memdiag that wrote it"):
+        rundir.read_comparison(str(tmp_path / "new"))
 
 
 def prediction_summaries(comparison, split_peaks: bool) -> list[dict]:
