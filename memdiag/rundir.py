@@ -25,9 +25,10 @@ import os
 import re
 import shutil
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from memdiag._errors import UserError
+from memdiag.schema import RunSummary
 
 RUN_MANIFEST = "run.json"
 SUMMARY = "summary.json"
@@ -154,6 +155,11 @@ def read_comparison(path: str) -> dict[str, Any]:
         raise UserError(f"{file} has format {version!r}, which this memdiag does not know; "
                         f"read it with the memdiag that wrote it (this one reads formats 1-{COMPARE_FORMAT})")
     return upgrade_comparison(result)
+
+
+def read_summary(run_dir: str) -> RunSummary:
+    """A run directory's ``summary.json``: as memdiag.analyze.summary.summarize wrote it."""
+    return cast(RunSummary, read_json(os.path.join(run_dir, SUMMARY)))
 
 
 def write_comparison(path: str, result: dict[str, Any]) -> None:

@@ -140,8 +140,10 @@ class CollectiveCallsRecord(_Record, total=False):
     shapes: list[Any]  # [index, shape_in, shape_out] of calls whose shapes differ from their kind's first
 
 
-class PolicyRecord(_Record, total=False):
-    step: int
+class PolicyFields(TypedDict, total=False):
+    """A policy record's own fields: the record has them with type, rank, t and step; ``summary.json``'s
+    policy entries (:class:`PolicySummary`) have them without those."""
+
     name: str
     mode: str
     decision: str
@@ -167,6 +169,10 @@ class PolicyRecord(_Record, total=False):
     rows_per_worker: list[int]
     rows_total: int
     padding_bytes: int
+
+
+class PolicyRecord(_Record, PolicyFields, total=False):
+    step: int
 
 
 class DistinctRowsRecord(_Record, total=False):
@@ -340,6 +346,93 @@ class RankSummary(TypedDict, total=False):
     agent_wall_s: float | None  # from the rank's start record to its end record
 
 
+class CollectiveSummary(TypedDict):
+    """One (tensor, op, part) of ``summary.json`` ``collectives``: over every rank's training steps."""
+
+    name: str
+    op: str
+    part: str | None
+    sparse: bool
+    densified: bool
+    merged: bool
+    reduce_op: str | None
+    process_set_size: int | None
+    dtype: str | None
+    shape_in: list[int] | None
+    shape_out: list[int] | None
+    rows_in: int | None
+    rows_out: int | None
+    bytes_in_per_rank: int
+    bytes_out_per_rank: int
+    bytes_out_mean: float
+    calls_per_step: float
+
+
+class PolicySummary(PolicyFields, total=False):
+    """One IndexedSlices gradient of ``summary.json`` ``policy``: the first policy record read, and the
+    rows of every rank (memdiag.analyze.summary.gradient_rows)."""
+
+    own_rows_by_rank: dict[str, int] | None  # rank -> its own rows T (the most of any step)
+    rows_gathered: int | None  # what every rank receives per step (Horovod: the sum of the ranks' rows)
+    rows_largest_rank: int | None
+    rows_from: str | None  # trace or records
+    shape_from: str  # records: sizes unknown when traced, read off the records
+    formula_gathered_bytes: int | None  # rows_gathered x (row + index)
+    reduce_op: str
+
+
+class StepDetail(TypedDict):
+    """One training step of ``summary.json`` ``steps_detail``, over the ranks."""
+
+    step: int
+    loss_mean: float | None
+    step_time_s_max: float
+    peak_rss_bytes_max: int  # the largest rank's peak in this step
+    params_identical_across_ranks: bool | None
+
+
+class RunSummary(TypedDict, total=False):
+    """``summary.json``: one run's figures (memdiag.analyze.summary.summarize; docs/reference/report-fields.md)."""
+
+    workload: str | None
+    script: str | None
+    preset: str | None
+    mode: str  # the manifest's (unknown: a manifest without it)
+    world_size: int  # the manifest's (a manifest without it: the ranks whose records were read)
+    steps: int | None
+    steps_recorded: int
+    status: str  # the manifest's (unknown: a manifest without it)
+    oversubscribed: bool | None
+    peak_rss_bytes_max: int | None  # the largest peak of any rank, set-up and every step included
+    steady_peak_rss_bytes_max: int | None  # the largest rank's steady peak: what comparisons use
+    steady: bool | None
+    first_step_peak_rss_bytes_max: int | None
+    compute_peak_rss_bytes_max: int | None
+    collective_peak_rss_bytes_max: int | None
+    collective_live_peak_bytes_max: int | None
+    allgather_groups: list[list[str]]
+    peak_phase: str | None
+    throughput_items_per_s: float | None
+    ranks: list[RankSummary]
+    collectives: list[CollectiveSummary]
+    policy: list[PolicySummary]
+    script_choices: list[dict[str, Any]]
+    changes_to_job: list[str]
+    memory_environment: dict[str, Any]
+    initial_params_digest: str | None
+    final_params_digest: str | None
+    steps_detail: list[StepDetail]
+    consistency: dict[str, Any]
+    reduction_checks: list[ReductionCheckRecord]
+    distinct_rows: list[dict[str, Any]]
+    engine: str
+    versions: dict[str, str | None]
+    padding: list[dict[str, Any]]
+    failure: dict[str, Any] | None
+    warnings: list[str]
+    attribution: dict[str, Any]  # only when the run has memray files
+
+
 class CompareRow(TypedDict, total=False):
     """One (rank count, mode, repeat) row of ``compare.json`` ``rows``: maxima over the run's ranks."""
 
@@ -348,7 +441,7 @@ class CompareRow(TypedDict, total=False):
     status: str
     # the largest rank's steady peak (summary.json's steady_peak_rss_bytes_max; its overall peak where no training
     # step ran), the median over the row's repeats (one run: that run's)
-    steady_peak_rss_bytes_median: float
+    steady_peak_rss_bytes_median: float | None  # None: no rank recorded a peak
     peak_spread_bytes: float | None  # with --repeats: max - min over the repeats (the noise)
     repeats: int
     first_step_peak_rss_bytes: int | None

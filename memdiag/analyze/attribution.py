@@ -547,9 +547,9 @@ def attribute_run(run_dir: str, use_cache: bool = True) -> Attribution | None:
     return attribution
 
 
-def summary_entry(run_dir: str) -> dict[str, Any]:
-    """``{"attribution": ...}`` for summary.json when the run has memray files, else ``{}``."""
+def summary_entry(run_dir: str) -> dict[str, Any] | None:
+    """summary.json's ``attribution`` when the run has memray files, else None."""
     attribution = attribute_run(run_dir)
     if attribution is None:
-        return {}
-    return {"attribution": {"dir": os.path.abspath(run_dir), **attribution.as_dict()}}
+        return None
+    return {"dir": os.path.abspath(run_dir), **attribution.as_dict()}

@@ -16,7 +16,7 @@ import os
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -24,14 +24,23 @@ from memdiag import formula, rundir
 from memdiag._errors import UserError
 from memdiag.analyze import verify
 from memdiag.analyze.model import linear_fit
-from memdiag.schema import CompareRow, CrossEngineCheck, EnginePeak, EngineRow, EnginesVerdict
+from memdiag.schema import (
+    CompareRow,
+    CrossEngineCheck,
+    EnginePeak,
+    EngineRow,
+    EnginesVerdict,
+    PolicySummary,
+    ReductionCheckRecord,
+    RunSummary,
+)
 
 
-def load_summary(run_dir: str) -> dict[str, Any]:
-    return cast(dict[str, Any], rundir.read_json(os.path.join(run_dir, rundir.SUMMARY)))
+def load_summary(run_dir: str) -> RunSummary:
+    return rundir.read_summary(run_dir)
 
 
-def table_row(summary: dict[str, Any], run_dir: str) -> CompareRow:
+def table_row(summary: RunSummary, run_dir: str) -> CompareRow:
     ranks = summary["ranks"]
     step_times = [r["step_time_s"] for r in ranks if r["step_time_s"] is not None]
     return {
@@ -69,7 +78,7 @@ def growth(rows: Sequence[Mapping[str, Any]], key: str, min_world_size: int = 1)
     return result
 
 
-def predicted_growth(summaries: dict[tuple[int, str], dict[str, Any]], min_world_size: int = 1) -> int | None:
+def predicted_growth(summaries: dict[tuple[int, str], RunSummary], min_world_size: int = 1) -> int | None:
     """Bytes each added rank adds to every rank's allgather output by the formula, fitted per added rank
     as the measured growth is (over the sparse runs of N >= ``min_world_size``): at each N the formula
     with the rows that run gathered, the sum over its ranks of each rank's own rows (allgatherv gathers
@@ -92,7 +101,7 @@ def predicted_growth(summaries: dict[tuple[int, str], dict[str, Any]], min_world
     return round(fit[0])
 
 
-def growth_tensors(summaries: dict[tuple[int, str], dict[str, Any]], min_world_size: int = 1) -> list[dict[str, Any]]:
+def growth_tensors(summaries: dict[tuple[int, str], RunSummary], min_world_size: int = 1) -> list[dict[str, Any]]:
     """The IndexedSlices gradients that were gathered, with what auto chose for each and why. A tensor's
     growth per added rank is its gathered bytes (from the records) fitted over the sparse runs of
     N >= ``min_world_size`` and N >= 2 as the formula's are (:func:`predicted_growth`); with one run, its
@@ -125,7 +134,7 @@ def growth_tensors(summaries: dict[tuple[int, str], dict[str, Any]], min_world_s
     return sorted(tensors.values(), key=lambda t: -(t["growth_bytes_per_rank"] or 0))
 
 
-def _gathered_by_tensor(summary: Mapping[str, Any]) -> dict[str, int]:
+def _gathered_by_tensor(summary: RunSummary) -> dict[str, int]:
     """Per IndexedSlices gradient, the bytes one rank received by allgather per call (values and indices),
     from the records; none at one rank."""
     found: dict[str, int] = defaultdict(int)
@@ -135,7 +144,7 @@ def _gathered_by_tensor(summary: Mapping[str, Any]) -> dict[str, int]:
     return dict(found)
 
 
-def _add_merging(tensors: dict[str, dict[str, Any]], summaries: dict[tuple[int, str], dict[str, Any]]) -> None:
+def _add_merging(tensors: dict[str, dict[str, Any]], summaries: dict[tuple[int, str], RunSummary]) -> None:
     """What merging did to each gathered tensor, from the dedup run at the largest rank count: the
     distinct rows U against the rows T per rank, the bytes gathered merged and unmerged at that N, and
     what the merge cost in compute per step."""
@@ -159,7 +168,7 @@ def _add_merging(tensors: dict[str, dict[str, Any]], summaries: dict[tuple[int, 
                           "merge_s_median": d.get("merge_s_median")}
 
 
-def reduction_result(verify_summary: dict[str, Any] | None) -> dict[str, Any] | None:
+def reduction_result(verify_summary: RunSummary | None) -> dict[str, Any] | None:
     """Both reductions of the same IndexedSlices gradients, compared in one process, with the
     script's own op, compression and process set."""
     if verify_summary is None:
@@ -168,17 +177,17 @@ def reduction_result(verify_summary: dict[str, Any] | None) -> dict[str, Any] | 
     checks = [c for c in all_checks if "max_rel_diff" in c]
     skipped = sorted({f"{c['name']}: {c['skipped']}" for c in all_checks if c.get("skipped")})
 
-    def rtol(check: dict[str, Any]) -> float:
+    def rtol(check: ReductionCheckRecord) -> float:
         # Horovod gathers IndexedSlices uncompressed: only the dense path is rounded by fp16 compression.
         return verify.reduction_rtol(None if check.get("against") == "dedup" else check.get("compression"))
 
-    def against_tolerance(check: dict[str, Any]) -> float:
+    def against_tolerance(check: ReductionCheckRecord) -> float:
         # 1 or less passes: float rounding's bound for the rows' sums where the check recorded it (an
         # uncompressed reduction), else the fixed relative tolerance (fp16 compression, older records).
         ratio = check.get("rounding_bound_ratio")
         return ratio if ratio is not None else float(check["max_rel_diff"]) / rtol(check)
 
-    def worst_of(selected: list[dict[str, Any]]) -> dict[str, Any]:
+    def worst_of(selected: list[ReductionCheckRecord]) -> dict[str, Any]:
         worst = max(selected, key=against_tolerance, default=None)
         return {"max_abs_diff": None if worst is None else worst["max_abs_diff"],
                 "max_rel_diff": None if worst is None else worst["max_rel_diff"],
@@ -205,7 +214,7 @@ def reduction_result(verify_summary: dict[str, Any] | None) -> dict[str, Any] | 
 
 
 def _parameter_check(n: int, mode: str, reference_mode: str, ref_dir: str, run_dir: str,
-                     ref: dict[str, Any], other: dict[str, Any],
+                     ref: RunSummary, other: RunSummary,
                      reduction: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Final parameters and losses of one mode against the reference mode at the same rank count.
     ``reduction``: the comparison's reduction check (:func:`reduction_result`), the evidence a note
@@ -272,8 +281,8 @@ def optimizer_note(keras: str, diffs: Sequence[verify.VariableDiff], reduction: 
             f"({worst.max_update:.3g}): sparse and dense train apart whatever the reduction")
 
 
-def rank_order_check(check: dict[str, Any], ref_dir: str, ref: dict[str, Any], order_dir: str,
-                     run_dir: str, run: dict[str, Any]) -> dict[str, Any]:
+def rank_order_check(check: dict[str, Any], ref_dir: str, ref: RunSummary, order_dir: str,
+                     run_dir: str, run: RunSummary) -> dict[str, Any]:
     """A failed parameter check, looked at again: the same mode at the same rank count run once more
     with Open MPI's allreduce summing the ranks' gradients in rank order, the order in which the
     allgather path's optimizer sums the gathered rows. The rounding of a float32 sum depends on its
@@ -352,11 +361,11 @@ def _same_parameters(dir_a: str, dir_b: str) -> bool:
     return set(a) == set(b) and all(np.array_equal(a[k], b[k]) for k in a)
 
 
-def most_terms(summary: dict[str, Any], world_size: int) -> int:
+def most_terms(summary: RunSummary, world_size: int) -> int:
     """The most numbers one reduced gradient element can sum in a run: the rows gathered for a gathered
     gradient (every gathered row may carry the same index: the sum over the ranks of their rows), N for
     a dense one. Summaries older than ``rows_gathered`` give N x their policy's ``rows_per_rank``."""
-    rows = [p["rows_gathered"] if p.get("rows_gathered") is not None else world_size * (p.get("rows_per_rank") or 0)
+    rows = [gathered if (gathered := p.get("rows_gathered")) is not None else world_size * (p.get("rows_per_rank") or 0)
             for p in summary.get("policy", [])]
     return max([world_size, *rows])
 
@@ -366,8 +375,8 @@ def most_terms(summary: dict[str, Any], world_size: int) -> int:
 RANK_ORDER_MODES = ("dense", "auto")
 
 
-def correctness(run_dirs: dict[tuple[int, str], str], summaries: dict[tuple[int, str], dict[str, Any]],
-                verify_summary: dict[str, Any] | None = None, reference_mode: str = "sparse",
+def correctness(run_dirs: dict[tuple[int, str], str], summaries: dict[tuple[int, str], RunSummary],
+                verify_summary: RunSummary | None = None, reference_mode: str = "sparse",
                 order_dirs: Mapping[tuple[int, str], str] | None = None) -> dict[str, Any]:
     """Parameters and losses of every mode against the reference mode at the same rank count,
     and the reduction check of the verification run. ``passed`` is None when nothing could be checked.
@@ -408,7 +417,7 @@ def correctness(run_dirs: dict[tuple[int, str], str], summaries: dict[tuple[int,
     }
 
 
-def _losses(summary: dict[str, Any]) -> list[float | None]:
+def _losses(summary: RunSummary) -> list[float | None]:
     """The loss of each requested step: warm-up steps (``--max-warmup``, added where a run's peaks had
     not settled) differ in number between runs and are left out, as the compared parameters are saved
     after the requested steps."""
@@ -474,7 +483,7 @@ def build(target: str, preset: str | None, run_dirs: Mapping[tuple[int, str], st
     return result
 
 
-def with_repeats(row: CompareRow, runs: list[dict[str, Any]]) -> CompareRow:
+def with_repeats(row: CompareRow, runs: list[RunSummary]) -> CompareRow:
     """A row's peak as the median over repeated runs, with their spread (max - min)."""
     peaks = [r.get("steady_peak_rss_bytes_max") or r.get("peak_rss_bytes_max") for r in runs
              if r.get("status") == "ok"]
@@ -494,7 +503,7 @@ def noise(rows: Sequence[Mapping[str, Any]]) -> float | None:
     return max(spreads) if spreads else None
 
 
-def rank_noise(summaries: Mapping[tuple[int, str], Mapping[str, Any]]) -> float | None:
+def rank_noise(summaries: Mapping[tuple[int, str], RunSummary]) -> float | None:
     """Without repeats, the noise floor one run gives: the largest spread of the steady peaks between the
     ranks of one run (N >= 2), which run the same program on the same data sizes. It is larger than the
     run-to-run noise where ranks differ systematically (rank 0 saves the parameters), so it errs on the
@@ -508,7 +517,7 @@ def rank_noise(summaries: Mapping[tuple[int, str], Mapping[str, Any]]) -> float 
     return max(spreads) if spreads else None
 
 
-def physics(result: dict[str, Any], summaries: dict[tuple[int, str], dict[str, Any]]) -> dict[str, Any]:
+def physics(result: dict[str, Any], summaries: dict[tuple[int, str], RunSummary]) -> dict[str, Any]:
     """The figures of the verdict: how sparse grows against k x the formula, how flat dense stays,
     what auto chose and what it saved, which phase set each peak, and whether each difference is
     larger than the noise."""
@@ -629,7 +638,7 @@ def build_engines(target: str, preset: str | None,
     }
 
 
-def engine_row(engine: str, row: CompareRow, summary: Mapping[str, Any]) -> EngineRow:
+def engine_row(engine: str, row: CompareRow, summary: RunSummary) -> EngineRow:
     """One engine's comparison row with its gathered bytes split from MWMS's gathers of the row counts,
     its padding, and the formula's figures for it."""
     collectives = summary.get("collectives", [])
@@ -657,7 +666,7 @@ def engine_row(engine: str, row: CompareRow, summary: Mapping[str, Any]) -> Engi
     }
 
 
-def _gathered_policies(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _gathered_policies(summary: RunSummary) -> list[PolicySummary]:
     """The policy records of the IndexedSlices gradients the run gathered, with their shapes."""
     return [p for p in summary.get("policy", []) if _rows_gathered(p, 1) is not None and p.get("decision") != "dense"
             and p.get("row_bytes") is not None]
@@ -673,7 +682,7 @@ def _rows_gathered(policy: Mapping[str, Any], world_size: int) -> int | None:
     return None if rows is None else world_size * rows
 
 
-def predicted_gathered(summary: Mapping[str, Any], world_size: int) -> int | None:
+def predicted_gathered(summary: RunSummary, world_size: int) -> int | None:
     """Bytes per rank and step the formula gives for the tensors the run gathered: the rows gathered x
     (row_bytes + index_bytes), each rank's own rows summed (exact for Horovod's allgatherv whatever the
     ranks' rows, and for MWMS's padded gathers); merged, the bound N x U_max. None when no record has
@@ -688,22 +697,23 @@ def predicted_gathered(summary: Mapping[str, Any], world_size: int) -> int | Non
     total = 0
     for p in _gathered_policies(summary):
         if p["decision"] == "dedup":
-            if p.get("distinct_rows") is None:
+            distinct = p.get("distinct_rows")
+            if distinct is None:
                 return None
-            total += formula.merged_bytes(world_size, p["distinct_rows"], p["row_bytes"], p["index_bytes"])
+            total += formula.merged_bytes(world_size, distinct, p["row_bytes"], p["index_bytes"])
         else:
             total += formula.gathered_bytes(1, _rows_gathered(p, world_size) or 0, p["row_bytes"], p["index_bytes"])
     return total
 
 
-def predicted_padding(summary: Mapping[str, Any]) -> int:
+def predicted_padding(summary: RunSummary) -> int:
     """MWMS's zero rows per worker and step from every worker's rows in the policy records."""
     return sum(formula.padding_bytes(p["rows_per_worker"], p["row_bytes"], p["index_bytes"])
                for p in _gathered_policies(summary) if p.get("rows_per_worker"))
 
 
 def across_engines(order: Sequence[str], run_dirs: Mapping[str, Mapping[tuple[int, str], str]],
-                   summaries: Mapping[str, Mapping[tuple[int, str], dict[str, Any]]],
+                   summaries: Mapping[str, Mapping[tuple[int, str], RunSummary]],
                    reference_order_dirs: Mapping[tuple[int, str], str] | None = None) -> list[CrossEngineCheck]:
     """Final parameters of each engine's runs against the reference engine's (the first) at the same rank
     count and mode: the same data and initial values; Horovod averages the gradients, MWMS sums the
@@ -751,7 +761,7 @@ def across_engines(order: Sequence[str], run_dirs: Mapping[str, Mapping[tuple[in
 
 
 def engines_verdict(order: Sequence[str], rows: Sequence[EngineRow], results: Mapping[str, Mapping[str, Any]],
-                    summaries: Mapping[str, Mapping[tuple[int, str], dict[str, Any]]]) -> EnginesVerdict:
+                    summaries: Mapping[str, Mapping[tuple[int, str], RunSummary]]) -> EnginesVerdict:
     """The figures of the verdict at the largest rank count: every (engine, mode) peak, lowest first,
     the lowest's lead and the gap between the engines' lowest peaks against the noise (the larger of
     the engines'), the gathered bytes of each

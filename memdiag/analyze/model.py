@@ -67,6 +67,7 @@ from typing import Any
 from memdiag._errors import UserError
 from memdiag.formula import SparseGradientShape
 from memdiag.policy import decide, guarded_distinct_rows
+from memdiag.schema import RunSummary
 
 AVERAGE, SUM = "average", "sum"
 GATHERING_OPS = (AVERAGE, SUM)  # the only ops Horovod 0.28.1 reduces an IndexedSlices with by allgather
@@ -305,7 +306,7 @@ _WHY = {
 }
 
 
-def gradient_fields(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def gradient_fields(summary: RunSummary) -> dict[str, dict[str, Any]]:
     """Per IndexedSlices gradient of one run, what prediction needs, None where the run did not know it:
     ``rows_per_rank`` the largest rank's rows (what every added rank is assumed to bring; summaries
     older than ``rows_largest_rank`` give their ``rows_per_rank``), the sizes of the formula, U (the
@@ -338,7 +339,7 @@ def shapes_from_fields(fields: dict[str, dict[str, Any]]) -> tuple[dict[str, Spa
     return tensors, not_predicted
 
 
-def merged_fields(summaries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def merged_fields(summaries: list[RunSummary]) -> dict[str, dict[str, Any]]:
     """:func:`gradient_fields` over several runs: each field from the run of the most ranks that knows
     it (a sparse run records the rows, a dense run the table's size)."""
     merged: dict[str, dict[str, Any]] = {}
@@ -349,28 +350,27 @@ def merged_fields(summaries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return merged
 
 
-def gradients_from_summaries(summaries: list[dict[str, Any]]) -> tuple[dict[str, SparseGradientShape], dict[str, str]]:
+def gradients_from_summaries(summaries: list[RunSummary]) -> tuple[dict[str, SparseGradientShape], dict[str, str]]:
     """The IndexedSlices gradients of the runs that can be predicted, and those that cannot, with why."""
     return shapes_from_fields(merged_fields(summaries))
 
 
-def dense_collective_bytes(summary: dict[str, Any]) -> int:
+def dense_collective_bytes(summary: RunSummary) -> int:
     """Per-step allreduce bytes of gradients that are dense whatever the mode."""
     return sum(c["bytes_out_per_rank"] * round(c["calls_per_step"]) for c in summary["collectives"]
                if c["op"] == "allreduce" and not c["sparse"])
 
 
-def collective_window_peak(summary: dict[str, Any]) -> float | None:
+def collective_window_peak(summary: RunSummary) -> float | None:
     """The peak the collective regime is anchored on: inside collective windows where the summary
     records it, else the steady-state or overall peak (older summaries, and one-rank runs, which have
     no collective window)."""
-    for key in ("collective_peak_rss_bytes_max", "steady_peak_rss_bytes_max", "peak_rss_bytes_max"):
-        if summary.get(key):
-            return float(summary[key])
-    return None
+    peak = (summary.get("collective_peak_rss_bytes_max") or summary.get("steady_peak_rss_bytes_max")
+            or summary.get("peak_rss_bytes_max"))
+    return float(peak) if peak else None
 
 
-def _runs_to_fit(summaries: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
+def _runs_to_fit(summaries: list[RunSummary], mode: str) -> list[RunSummary]:
     """A mode's runs with a peak; those with N >= 2 where there are any: one rank runs no collective
     and allocates none of Horovod's buffers (fusion buffer, background thread), so it says nothing
     about either regime at N >= 2."""
@@ -379,7 +379,7 @@ def _runs_to_fit(summaries: list[dict[str, Any]], mode: str) -> list[dict[str, A
     return sorted(several or runs, key=lambda s: s["world_size"])
 
 
-def fit_compute_peak(runs: list[dict[str, Any]]) -> float | None:
+def fit_compute_peak(runs: list[RunSummary]) -> float | None:
     """The compute regime's peak: the MAX over the runs of ``compute_peak_rss_bytes_max``.
 
     Max, not median: the compute peak does not depend on N, so the runs differ only by measurement
@@ -387,11 +387,11 @@ def fit_compute_peak(runs: list[dict[str, Any]]) -> float | None:
     run already needed, and with the two or three rank counts a comparison measures a median would
     be the mean of two and fall below a measured peak.
     """
-    values = [float(s["compute_peak_rss_bytes_max"]) for s in runs if s.get("compute_peak_rss_bytes_max")]
+    values = [float(peak) for s in runs if (peak := s.get("compute_peak_rss_bytes_max"))]
     return max(values) if values else None
 
 
-def build_model(summaries: list[dict[str, Any]], margin: float = 1.0) -> MemoryModel:
+def build_model(summaries: list[RunSummary], margin: float = 1.0) -> MemoryModel:
     """From one run or several (a comparison): tensors and reduce ops, and per mode the compute peak
     and the collective base anchored at the largest N measured."""
     fields = merged_fields(summaries)
@@ -437,7 +437,7 @@ def build_model(summaries: list[dict[str, Any]], margin: float = 1.0) -> MemoryM
     return model
 
 
-def _gathered_as_run(model: MemoryModel, summary: dict[str, Any]) -> float:
+def _gathered_as_run(model: MemoryModel, summary: RunSummary) -> float:
     """The bytes a sparse run gathered per rank by the formula with its own rows (the sum over its ranks
     where the summary has it), not the model's extrapolation from the largest rank."""
     n = summary["world_size"]

@@ -28,6 +28,7 @@ import numpy as np
 from memdiag._errors import UserError
 from memdiag.analyze.model import gradients_from_summaries
 from memdiag.formula import MPI_COUNT_LIMIT, SparseGradientShape, gathered_elements
+from memdiag.schema import RunSummary
 
 # Typical of a 100 Gb/s fabric (InfiniBand EDR, Omni-Path as on Stampede2): a few microseconds of
 # MPI latency and about 10 GB/s of the 12.5 GB/s line rate achieved per link.
@@ -167,7 +168,7 @@ class ProjectionBase:
     sparse: dict[str, SparseGradientShape]  # the IndexedSlices gradients, by name
 
 
-def base_from_summary(summary: dict[str, Any], run_dir: str, items_per_rank: float, compute_s: float,
+def base_from_summary(summary: RunSummary, run_dir: str, items_per_rank: float, compute_s: float,
                       parameter_bytes: dict[str, int] | None = None) -> ProjectionBase:
     """Message sizes of a run, whatever its mode. IndexedSlices gradients come from the policy records,
     which carry their shape in the byte formula. Dense gradients come from the allreduces the run

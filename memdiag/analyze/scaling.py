@@ -19,7 +19,7 @@ from memdiag._errors import UserError
 from memdiag.analyze import projection as model
 from memdiag.collect import read_rank_file
 from memdiag.hosts import ranks_per_host
-from memdiag.schema import SETUP_STEP
+from memdiag.schema import SETUP_STEP, RunSummary
 
 COLLECTIVE_TIME_METHOD = (
     "in coll.: from rank 0's Horovod timeline, the union of the intervals in which a collective was "
@@ -46,7 +46,7 @@ def analyze_dir(path: str, projection: ProjectionRequest | None) -> dict[str, An
         run_dirs = {row["world_size"]: os.path.join(path, row["run_dir"]) for row in saved["rows"]}
         return build_result(saved["study"], run_dirs, projection)
     if os.path.isfile(os.path.join(path, rundir.SUMMARY)) and os.path.isfile(os.path.join(path, rundir.RUN_MANIFEST)):
-        summary = rundir.read_json(os.path.join(path, rundir.SUMMARY))
+        summary = rundir.read_summary(path)
         study = {"workload": summary["workload"], "preset": summary["preset"], "scaling": None,
                  "mode": summary["mode"], "steps": summary["steps"], "rank_counts": [summary["world_size"]],
                  "hosts": rundir.read_json(os.path.join(path, rundir.RUN_MANIFEST)).get("hosts"), "overrides": {},
@@ -59,7 +59,7 @@ def analyze_dir(path: str, projection: ProjectionRequest | None) -> dict[str, An
 # -- the analysis -----------------------------------------------------------------------------------
 
 def build_result(study: dict[str, Any], run_dirs: dict[int, str], projection: ProjectionRequest | None) -> dict[str, Any]:
-    rows = [measured_row(rundir.read_json(os.path.join(d, rundir.SUMMARY)),
+    rows = [measured_row(rundir.read_summary(d),
                          rundir.read_json(os.path.join(d, rundir.RUN_MANIFEST)), d)
             for _, d in sorted(run_dirs.items())]
     add_ratios(rows)
@@ -95,7 +95,7 @@ def build_result(study: dict[str, Any], run_dirs: dict[int, str], projection: Pr
     return result
 
 
-def measured_row(summary: dict[str, Any], manifest: dict[str, Any], run_dir: str) -> dict[str, Any]:
+def measured_row(summary: RunSummary, manifest: dict[str, Any], run_dir: str) -> dict[str, Any]:
     """One rank count: what the table shows, all per rank and per step, maxima over ranks."""
     ranks = summary["ranks"]
     step_times = [r["step_time_s"] for r in ranks if r["step_time_s"] is not None]
@@ -242,7 +242,7 @@ def project_from(rows: list[dict[str, Any]], run_dirs: dict[int, str], workload:
             raise UserError(f"N={row['world_size']}: no compute time is left after the time in collectives; "
                             "give one with --step-compute SECONDS")
     run_dir = run_dirs[row["world_size"]]
-    summary = rundir.read_json(os.path.join(run_dir, rundir.SUMMARY))
+    summary = rundir.read_summary(run_dir)
     parameters = None if multi else parameter_bytes(os.path.join(run_dir, rundir.PARAMETERS))
     base = model.base_from_summary(summary, row["run_dir"], row["items_per_rank"], compute_s, parameters)
     if request.items_per_rank is not None:

@@ -8,7 +8,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from memdiag.analyze.attribution import summary_entry as attribution_entry
 from memdiag.analyze.failure import diagnose
 from memdiag.analyze.steady import steady_figures
 from memdiag.collect import CollectiveLog, RankRecords, Run
-from memdiag.schema import RankSummary, StepRecord
+from memdiag.schema import CollectiveSummary, PolicySummary, RankSummary, RunSummary, StepDetail, StepRecord
 
 
 def rank_status(records: RankRecords) -> str:
@@ -233,7 +233,7 @@ def _tensors_of_rank(log: CollectiveLog) -> dict[tuple[Any, ...], tuple[int, int
     return found
 
 
-def collective_summary(run: Run) -> list[dict[str, Any]]:
+def collective_summary(run: Run) -> list[CollectiveSummary]:
     """One entry per (tensor, op, part) over the training steps of every rank."""
     groups: dict[tuple[Any, ...], _Tensor] = {}
     for rank, records in run.ranks.items():
@@ -245,7 +245,7 @@ def collective_summary(run: Run) -> list[dict[str, Any]]:
             group.bytes_out_sum += total
             group.calls += calls
             group.steps += steps
-    entries = []
+    entries: list[CollectiveSummary] = []
     for (name, op, part), group in groups.items():
         rank, position = group.last
         last = _log(run.ranks[rank].collectives)[position]
@@ -391,7 +391,7 @@ def saved_table_rows(run_dir: str) -> dict[str, int]:
     return {}
 
 
-def gradient_rows(run: Run, policies: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+def gradient_rows(run: Run, policies: dict[str, list[dict[str, Any]]]) -> dict[str, PolicySummary]:
     """Per IndexedSlices gradient (``policies``: its policy record on each rank), the rows in three
     distinct meanings, and what the records add to its shape:
 
@@ -411,7 +411,7 @@ def gradient_rows(run: Run, policies: dict[str, list[dict[str, Any]]]) -> dict[s
     saved: dict[str, int] | None = None
     world = run.manifest.get("world_size")
     ranks = set(range(world)) if isinstance(world, int) and world > 0 else set(run.ranks)
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, PolicySummary] = {}
     for name, records in policies.items():
         seen = recorded[name]
         traced = {p["rank"]: p["local_rows"] for p in records
@@ -431,7 +431,7 @@ def gradient_rows(run: Run, policies: dict[str, list[dict[str, Any]]]) -> dict[s
             every = [step for step in seen.rows.get(min(ranks), {}) if all(step in seen.rows.get(r, {}) for r in ranks)]
             gathered = max((sum(seen.rows[r][step] for r in ranks) for step in every),
                            default=sum(own[r] for r in ranks))
-        entry: dict[str, Any] = {
+        entry: PolicySummary = {
             "own_rows_by_rank": {str(rank): own[rank] for rank in sorted(own)} or None,
             "rows_gathered": gathered,
             "rows_largest_rank": max(own.values()) if own else None,
@@ -444,7 +444,7 @@ def gradient_rows(run: Run, policies: dict[str, list[dict[str, Any]]]) -> dict[s
                 seen.shape["dense_rows"] = saved[name]
         filled = {k: v for k, v in seen.shape.items() if first.get(k) is None}
         if filled:
-            entry.update(filled)
+            entry.update(cast(PolicySummary, filled))
             entry["shape_from"] = "records"
         out[name] = entry
     return out
@@ -480,13 +480,14 @@ def padding_summary(run: Run) -> list[dict[str, Any]]:
     return entries
 
 
-def step_summary(run: Run) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def step_summary(run: Run) -> tuple[list[StepDetail], dict[str, Any]]:
     """Per step across ranks: loss, slowest rank, highest peak, and whether parameters agree."""
     by_step: dict[int, list[StepRecord]] = defaultdict(list)
     for records in run.ranks.values():
         for s in _training_steps(records):
             by_step[s["step"]].append(s)
-    rows, mismatched = [], []
+    rows: list[StepDetail] = []
+    mismatched: list[int] = []
     checked = 0
     for step in sorted(by_step):
         entries = by_step[step]
@@ -510,7 +511,7 @@ def step_summary(run: Run) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     return rows, consistency
 
 
-def summarize(run: Run) -> dict[str, Any]:
+def summarize(run: Run) -> RunSummary:
     m = run.manifest
     lives = {r: live_collective_bytes(_log(run.ranks[r].collectives)) for r in sorted(run.ranks)}
     ranks = [rank_summary(run.ranks[r], lives[r][0]) for r in sorted(run.ranks)]
@@ -520,17 +521,18 @@ def summarize(run: Run) -> dict[str, Any]:
     throughput = None
     if items and step_times:
         throughput = len(ranks) * statistics.median(items) / max(step_times)
-    policy: dict[str, dict[str, Any]] = {}
+    policy: dict[str, PolicySummary] = {}
     every_rank: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for records in run.ranks.values():
         for p in records.policies:
-            policy.setdefault(p["name"], {k: v for k, v in p.items() if k not in ("type", "rank", "t", "step")})
+            policy.setdefault(p["name"], cast(PolicySummary, {k: v for k, v in p.items()
+                                                              if k not in ("type", "rank", "t", "step")}))
             every_rank[p["name"]].append({**p, "rank": records.rank})
     # One rank's record is not the job's: rows differ between ranks outside auto (gradient_rows).
     for name, found in gradient_rows(run, every_rank).items():
         entry = policy[name]
         entry.update(found)
-        rows, row_bytes, index_bytes = (entry.get(k) for k in ("rows_gathered", "row_bytes", "index_bytes"))
+        rows, row_bytes, index_bytes = entry.get("rows_gathered"), entry.get("row_bytes"), entry.get("index_bytes")
         entry["formula_gathered_bytes"] = None if rows is None or row_bytes is None or index_bytes is None \
             else rows * (row_bytes + index_bytes)
     collectives = collective_summary(run)
@@ -550,21 +552,21 @@ def summarize(run: Run) -> dict[str, Any]:
     choices: list[dict[str, Any]] = []
     for records in run.ranks.values():
         for c in (r for r in records.other if r.get("type") == "choices"):
-            entry = {k: v for k, v in c.items() if k not in ("type", "rank", "t", "step")}
-            if entry not in choices:
-                choices.append(entry)
+            choice = {k: v for k, v in c.items() if k not in ("type", "rank", "t", "step")}
+            if choice not in choices:
+                choices.append(choice)
     params = {kind: {r: rec.get("digest") for r, records in run.ranks.items()
                      for rec in records.other if rec.get("type") == kind}
               for kind in ("params_initial", "params_final")}
-    return {
+    summary: RunSummary = {
         "workload": m.get("workload"),
         "script": m.get("script"),
         "preset": m.get("preset"),
-        "mode": m.get("mode"),
-        "world_size": m.get("world_size"),
+        "mode": str(m.get("mode") or "unknown"),
+        "world_size": int(m.get("world_size") or len(run.ranks)),
         "steps": m.get("steps"),
         "steps_recorded": max((r["steps_completed"] for r in ranks), default=0),
-        "status": m.get("status"),
+        "status": str(m.get("status") or "unknown"),
         "oversubscribed": m.get("oversubscribed"),
         "peak_rss_bytes_max": max(peaks) if peaks else None,
         # Steady state (docs/explanation/measurement.md): what comparisons and predictions use.
@@ -597,5 +599,8 @@ def summarize(run: Run) -> dict[str, Any]:
         "padding": padding_summary(run),  # tf-distribute: MWMS's zero rows per tensor
         "failure": diagnose(run),
         "warnings": list(run.warnings),
-        **attribution_entry(run.path),  # "attribution": only when the run has memray files
     }
+    attribution = attribution_entry(run.path)
+    if attribution is not None:  # only when the run has memray files
+        summary["attribution"] = attribution
+    return summary

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memdiag.schema import RunSummary
 
 from rich.console import Console
 
@@ -53,7 +56,7 @@ class PredictCommand:
         return 0
 
 
-def of_one_engine(summaries: list[dict[str, Any]], engine: str | None, path: str) -> list[dict[str, Any]]:
+def of_one_engine(summaries: list[RunSummary], engine: str | None, path: str) -> list[RunSummary]:
     """The runs of one engine: Horovod's and MultiWorkerMirroredStrategy's buffers differ (a comparison
     made with --engine both holds both), so one model is never fitted to a mix of them."""
     from memdiag._errors import UserError
@@ -70,7 +73,7 @@ def of_one_engine(summaries: list[dict[str, Any]], engine: str | None, path: str
     return chosen
 
 
-def load_summaries(path: str) -> list[dict[str, Any]]:
+def load_summaries(path: str) -> list[RunSummary]:
     """summary.json of a run directory, or of every run in a comparison directory."""
     from memdiag import rundir
     from memdiag._errors import UserError

@@ -31,7 +31,6 @@ class RunCommand:
         add_launcher_option(parser)
 
     def run(self, args: argparse.Namespace, script_args: list[str]) -> int:
-        import os
 
         from memdiag import rundir
         from memdiag.collect import load_run
@@ -47,7 +46,7 @@ class RunCommand:
         with console.status(f"running {request.label} on {request.world_size} rank(s), mode {request.mode}{engine}"):
             out = execute(request)
         run = load_run(out)
-        summary = rundir.read_json(os.path.join(out, rundir.SUMMARY))
+        summary = rundir.read_summary(out)
         print_run(summary, run.manifest, Console())
         Console().print(f"run directory: {out}")
         if run.manifest.get("status") != "ok":

@@ -6,6 +6,7 @@ from typing import Any
 
 from memdiag.report.compare import engines_sentence, second_look_outcome
 from memdiag.report.terminal import common_scope, short_name
+from memdiag.schema import RunSummary
 from memdiag.units import format_bytes
 
 
@@ -19,7 +20,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def run_markdown(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
+def run_markdown(summary: RunSummary, manifest: dict[str, Any]) -> str:
     title = f"## {summary.get('workload')} — mode {summary.get('mode')}, {summary.get('world_size')} ranks"
     ranks = _table(
         ["rank", "status", "peak RSS", "VmHWM", "allgather/step", "allreduce/step", "step time"],

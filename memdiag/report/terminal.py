@@ -13,6 +13,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from memdiag.report._fit import Column, FitTable
+from memdiag.schema import CollectiveSummary, PolicySummary, RunSummary
 from memdiag.units import format_bytes
 
 MAX_TENSOR_ROWS = 12
@@ -34,7 +35,7 @@ def describe_memory_environment(settings: dict[str, str]) -> list[str]:
     return [f"{name}={value} ({_MEMORY_SETTINGS.get(name, 'memory allocation')})" for name, value in settings.items()]
 
 
-def run_header(summary: dict[str, Any], manifest: dict[str, Any]) -> Panel:
+def run_header(summary: RunSummary, manifest: dict[str, Any]) -> Panel:
     versions = manifest.get("versions") or {}
     target = summary.get("workload") or "?"
     if summary.get("preset"):
@@ -61,7 +62,7 @@ def run_header(summary: dict[str, Any], manifest: dict[str, Any]) -> Panel:
     return Panel(lines, title="memdiag run", expand=False)
 
 
-def rank_table(summary: dict[str, Any]) -> FitTable:
+def rank_table(summary: RunSummary) -> FitTable:
     table = FitTable([Column("rank", key=True), Column("status", justify="left"), Column("peak RSS"),
                       Column("VmHWM"), Column("gathered"), Column("reduced"), Column("step time")],
                      title="Per rank (collective bytes per step)")
@@ -92,7 +93,7 @@ def common_scope(names: list[str]) -> str:
     return ""
 
 
-def _collective(entry: dict[str, Any]) -> str:
+def _collective(entry: CollectiveSummary) -> str:
     """The collective that reduced the tensor; "densified" is an IndexedSlices gradient that memdiag
     (or the script's sparse_as_dense) turned dense and allreduced. An IndexedSlices gradient that
     was gathered shows as allgather of its [values] and [indices]; "merged allgather" when its
@@ -103,7 +104,7 @@ def _collective(entry: dict[str, Any]) -> str:
 REDUCED_AS = {"dense": "dense allreduce", "dedup": "merge + allgather", "sparse": "allgather"}
 
 
-def tensor_table(summary: dict[str, Any], limit: int = MAX_TENSOR_ROWS) -> FitTable:
+def tensor_table(summary: RunSummary, limit: int = MAX_TENSOR_ROWS) -> FitTable:
     """Bytes received per rank per call; what one rank sends follows from the rows (in > out), so
     the column is left out to leave the tensor names room."""
     entries = summary["collectives"]
@@ -122,7 +123,7 @@ def tensor_table(summary: dict[str, Any], limit: int = MAX_TENSOR_ROWS) -> FitTa
     return table
 
 
-def policy_table(summary: dict[str, Any]) -> FitTable | None:
+def policy_table(summary: RunSummary) -> FitTable | None:
     if not summary.get("policy"):
         return None
     table = FitTable([Column("tensor", kind="name", justify="left", key=True),
@@ -134,7 +135,7 @@ def policy_table(summary: dict[str, Any]) -> FitTable | None:
     return table
 
 
-def padding_table(summary: dict[str, Any]) -> FitTable | None:
+def padding_table(summary: RunSummary) -> FitTable | None:
     """tf-distribute: MultiWorkerMirroredStrategy pads each worker's rows to the longest's before
     gathering; what each worker receives of zero rows, per tensor whose rows differ."""
     entries = summary.get("padding") or []
@@ -153,7 +154,7 @@ def padding_table(summary: dict[str, Any]) -> FitTable | None:
     return table
 
 
-def footer(summary: dict[str, Any]) -> Text:
+def footer(summary: RunSummary) -> Text:
     text = Text()
     failure = summary.get("failure")
     if failure:
@@ -169,8 +170,9 @@ def footer(summary: dict[str, Any]) -> Text:
     if summary.get("throughput_items_per_s"):
         text.append(f"throughput {summary['throughput_items_per_s']:.0f} items/s (all ranks)\n")
     for r in summary["ranks"]:
-        if r.get("error") and not (failure and failure["kind"] == "error" and f"rank {r['rank']} " in failure["headline"]):
-            last_line = r["error"].strip().splitlines()[-1]
+        error = r.get("error")
+        if error and not (failure and failure["kind"] == "error" and f"rank {r['rank']} " in failure["headline"]):
+            last_line = error.strip().splitlines()[-1]
             text.append(f"rank {r['rank']} failed after step {r['last_step']}: {last_line}\n", style="red")
     own = sampler_cost_line(summary)
     if own:
@@ -180,16 +182,16 @@ def footer(summary: dict[str, Any]) -> Text:
     return text
 
 
-def sampler_cost_line(summary: dict[str, Any]) -> str | None:
+def sampler_cost_line(summary: RunSummary) -> str | None:
     """memdiag's own cost, as the ranks measured it: the CPU its sampling thread used on the rank where
     that was the largest share of the rank's time (None when no rank says)."""
-    shares = [(r["sampler_cpu_s"] / r["agent_wall_s"], r) for r in summary["ranks"]
-              if isinstance(r.get("sampler_cpu_s"), (int, float)) and (r.get("agent_wall_s") or 0) > 0]
+    shares = [(cpu / wall, cpu, wall, r["rank"]) for r in summary["ranks"]
+              if isinstance(cpu := r.get("sampler_cpu_s"), (int, float)) and (wall := r.get("agent_wall_s") or 0) > 0]
     if not shares:
         return None
-    share, r = max(shares, key=lambda pair: pair[0])
-    return (f"memdiag's sampling thread used {r['sampler_cpu_s']:.2f} s of CPU on rank {r['rank']} "
-            f"({100 * share:.1f}% of a core over its {r['agent_wall_s']:.1f} s; --sample-ms sets how often it wakes)")
+    share, cpu, wall, rank = max(shares, key=lambda found: found[0])
+    return (f"memdiag's sampling thread used {cpu:.2f} s of CPU on rank {rank} "
+            f"({100 * share:.1f}% of a core over its {wall:.1f} s; --sample-ms sets how often it wakes)")
 
 
 # What the live collective figure assumes (memdiag.analyze.summary._LiveStep): it is not a measurement.
@@ -197,7 +199,7 @@ LIVE_ASSUMPTION = ("every output but an allgather's alive until the update, one 
                    "together) and one quotient at a time")
 
 
-def rows_text(summary: dict[str, Any]) -> Text:
+def rows_text(summary: RunSummary) -> Text:
     """Per IndexedSlices gradient whose ranks' rows differ: every rank's own rows, what the allgather
     gathered per step (their sum) and the formula's bytes for it."""
     text = Text()
@@ -212,13 +214,13 @@ def rows_text(summary: dict[str, Any]) -> Text:
     return text
 
 
-def memory_text(summary: dict[str, Any]) -> Text:
+def memory_text(summary: RunSummary) -> Text:
     """The steady-state peak in words, and which phase set it (docs/explanation/measurement.md)."""
     text = Text()
     ranks = [r for r in summary["ranks"] if r.get("steady_peak_rss_bytes")]
     if not ranks:
         return text
-    top = max(ranks, key=lambda r: r["steady_peak_rss_bytes"])
+    top = max(ranks, key=lambda r: r["steady_peak_rss_bytes"] or 0)
     if top["steady"]:
         text.append(f"peak RSS {format_bytes(top['steady_peak_rss_bytes'])} (rank {top['rank']}), steady from step "
                     f"{top['steady_from_step']}; first step {format_bytes(top['first_step_peak_rss_bytes'])}. ")
@@ -226,9 +228,9 @@ def memory_text(summary: dict[str, Any]) -> Text:
         text.append(f"peak RSS {format_bytes(top['steady_peak_rss_bytes'])} (rank {top['rank']}) NOT steady: the "
                     "per-step peaks of its last steps rose, or swung, by more than 1%; run more steps (--steps). ",
                     style="yellow")
-    tails = [r for r in ranks if (r.get("tail_peak_rss_bytes") or 0) > r["steady_peak_rss_bytes"]]
+    tails = [r for r in ranks if (r.get("tail_peak_rss_bytes") or 0) > (r["steady_peak_rss_bytes"] or 0)]
     if tails:
-        last = max(tails, key=lambda r: r["tail_peak_rss_bytes"])
+        last = max(tails, key=lambda r: r["tail_peak_rss_bytes"] or 0)
         text.append(f"After its last step the script reached {format_bytes(last['tail_peak_rss_bytes'])} "
                     f"(rank {last['rank']}: its own work after the loop, left out of the steady state). ")
     if top.get("collective_rise_bytes") is None or top["peak_phase"] is None:
@@ -246,7 +248,7 @@ def memory_text(summary: dict[str, Any]) -> Text:
     return text
 
 
-def script_text(summary: dict[str, Any]) -> Text:
+def script_text(summary: RunSummary) -> Text:
     """What a script asked Horovod for, and what this run changed (nothing, as written)."""
     text = Text()
     asked = [c for c in summary.get("script_choices", []) if c.get("api") == "gradient reduction"]
@@ -288,13 +290,14 @@ def script_text(summary: dict[str, Any]) -> Text:
     return text
 
 
-def guard_outgrown(d: dict[str, Any], policy: dict[str, Any] | None) -> str | None:
+def guard_outgrown(d: dict[str, Any], policy: PolicySummary | None) -> str | None:
     """auto decided from the first step's U times the guard: say so when a later U went beyond it."""
     from memdiag.policy import guarded_distinct_rows
 
-    if not policy or policy.get("mode") != "auto" or policy.get("distinct_rows") is None:
+    distinct, rows = (policy.get("distinct_rows"), policy.get("rows_per_rank")) if policy else (None, None)
+    if not policy or policy.get("mode") != "auto" or distinct is None or rows is None:
         return None
-    planned = guarded_distinct_rows(policy["distinct_rows"], policy["rows_per_rank"], policy.get("dedup_guard") or 1.0)
+    planned = guarded_distinct_rows(distinct, rows, policy.get("dedup_guard") or 1.0)
     if d["distinct_rows_max"] <= planned:
         return None
     return (f"  {d['name']}: U reached {d['distinct_rows_max']}, beyond the {planned} rows auto planned for "
@@ -313,7 +316,7 @@ def distinct_rows_line(d: dict[str, Any]) -> str:
     return line
 
 
-def run_report(summary: dict[str, Any], manifest: dict[str, Any]) -> Group:
+def run_report(summary: RunSummary, manifest: dict[str, Any]) -> Group:
     parts: list[Any] = [run_header(summary, manifest), script_text(summary), rank_table(summary),
                         tensor_table(summary), memory_text(summary)]
     policy = policy_table(summary)
@@ -331,5 +334,5 @@ def run_report(summary: dict[str, Any], manifest: dict[str, Any]) -> Group:
     return Group(*parts)
 
 
-def print_run(summary: dict[str, Any], manifest: dict[str, Any], console: Console | None = None) -> None:
+def print_run(summary: RunSummary, manifest: dict[str, Any], console: Console | None = None) -> None:
     (console or Console()).print(run_report(summary, manifest))
