@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from memdiag._errors import UserError
-from memdiag.schema import RunSummary
+from memdiag.schema import Comparison, EnginesComparison, RunSummary
 
 RUN_MANIFEST = "run.json"
 SUMMARY = "summary.json"
@@ -144,7 +144,7 @@ COMPARE_FORMAT = 2
 _OLD_ROW_PEAK, _ROW_PEAK = "peak_rss_bytes_max", "steady_peak_rss_bytes_median"
 
 
-def read_comparison(path: str) -> dict[str, Any]:
+def read_comparison(path: str) -> Comparison | EnginesComparison:
     """A comparison directory's ``compare.json`` in the current format (an older one converted)."""
     file = os.path.join(path, COMPARE_FILE)
     result = read_json(file)
@@ -154,7 +154,7 @@ def read_comparison(path: str) -> dict[str, Any]:
     if not isinstance(version, int) or not 1 <= version <= COMPARE_FORMAT:
         raise UserError(f"{file} has format {version!r}, which this memdiag does not know; "
                         f"read it with the memdiag that wrote it (this one reads formats 1-{COMPARE_FORMAT})")
-    return upgrade_comparison(result)
+    return cast(Comparison | EnginesComparison, upgrade_comparison(result))
 
 
 def read_summary(run_dir: str) -> RunSummary:
@@ -162,7 +162,7 @@ def read_summary(run_dir: str) -> RunSummary:
     return cast(RunSummary, read_json(os.path.join(run_dir, SUMMARY)))
 
 
-def write_comparison(path: str, result: dict[str, Any]) -> None:
+def write_comparison(path: str, result: Comparison | EnginesComparison) -> None:
     """A comparison's result as its directory's ``compare.json``, in the current format."""
     result["format"] = COMPARE_FORMAT
     write_json(os.path.join(path, COMPARE_FILE), result)

@@ -459,6 +459,75 @@ class CompareRow(TypedDict, total=False):
     failure: dict[str, Any] | None
 
 
+class Physics(TypedDict, total=False):
+    """The figures of a comparison's verdict (``compare.json`` ``physics``; memdiag.analyze.compare.physics)."""
+
+    largest_world_size: int | None
+    cost_per_gathered_byte: float | None  # k: RSS per gathered byte, from the largest sparse run
+    sparse_growth_bytes_per_rank: float | None  # fitted from the rows' steady peaks
+    predicted_rss_growth_bytes_per_rank: float | None  # k x the formula's growth
+    sparse_growth_within_noise: bool | None
+    sparse_live_growth_bytes_per_rank: float | None  # modelled: the live collective outputs
+    dense_change: float | None
+    dense_peak_bytes: float | None
+    auto_densified: list[str]
+    auto_merged: list[str]
+    best_fixed_mode: str | None
+    lowest_peak_mode: str | None
+    auto_vs_sparse: float | None
+    auto_minus_best_bytes: float | None
+    auto_vs_best_beyond_noise: bool | None
+    phases: dict[str, dict[str, str | None]]  # mode -> N -> the phase that set the largest rank's peak
+    noise_bytes: float | None
+    noise_source: str | None
+
+
+class Correctness(TypedDict, total=False):
+    """A comparison's checks (``compare.json`` ``correctness``; memdiag.analyze.compare.correctness)."""
+
+    passed: bool | None
+    max_abs_diff: float | None
+    max_rel_diff: float | None
+    rtol: float
+    atol: float
+    terms_max: int | None
+    update_allowance: float | None
+    ranks_identical_every_step: bool | None
+    reduction: dict[str, Any] | None  # the reduction check (memdiag.analyze.compare.reduction_result)
+    notes: list[str]
+    checks: list[dict[str, Any]]  # the parameters of each mode against the reference mode's
+
+
+class Comparison(TypedDict, total=False):
+    """``compare.json`` of one engine (memdiag.analyze.compare.build, with what was compared)."""
+
+    format: int
+    headline: str | None
+    workload: str
+    preset: str | None
+    engine: str  # tf-distribute; absent for Horovod's
+    rows: list[CompareRow]
+    growth_bytes_per_rank: dict[str, float | None]
+    collective_growth_bytes_per_rank: dict[str, float | None]
+    live_growth_bytes_per_rank: dict[str, float | None]
+    growth_fitted_from_world_size: int
+    predicted_growth_bytes_per_rank: int | None
+    tensors: list[dict[str, Any]]
+    correctness: Correctness
+    oversubscribed: bool
+    memory_environment: dict[str, Any]
+    all_ok: bool
+    noise_bytes: float | None
+    noise_source: str | None
+    physics: Physics
+    # what was compared (memdiag.launch.studies)
+    rank_counts: list[int]
+    modes: list[str]
+    steps: int | None
+    repeats: int
+    directory: str
+
+
 class EngineRow(TypedDict, total=False):
     """One (rank count, engine, mode) row of ``compare.json`` ``side_by_side`` (``--engine both``):
     the engine's own comparison row (maxima over the run's ranks; with --repeats the median peak) with
@@ -505,6 +574,29 @@ class EnginesVerdict(TypedDict, total=False):
     rows_per_worker: dict[str, list[int]]  # per padded tensor: every worker's rows (the policy records)
     equal_rows: bool | None  # every worker had the same rows in every padded tensor: no padding
     formula_exact: dict[str, bool]  # engine -> measured gathered bytes equal the formula's in every sparse run
+
+
+class EnginesComparison(TypedDict, total=False):
+    """``compare.json`` of ``--engine both`` (memdiag.analyze.compare.build_engines, with what was compared)."""
+
+    format: int
+    engine: str  # both
+    engine_order: list[str]  # the reference engine first
+    workload: str
+    preset: str | None
+    headline: str | None
+    side_by_side: list[EngineRow]
+    verdict: EnginesVerdict
+    correctness: dict[str, Any]  # passed, by_engine, reduction_checked, across_engines (CrossEngineCheck), ...
+    engines: dict[str, Comparison]  # each engine's own comparison
+    all_ok: bool
+    oversubscribed: bool
+    memory_environment: dict[str, Any]
+    rank_counts: list[int]
+    modes: list[str]
+    steps: int | None
+    repeats: int
+    directory: str
 
 
 class CrossEngineCheck(TypedDict, total=False):

@@ -26,10 +26,14 @@ from memdiag.analyze import verify
 from memdiag.analyze.model import linear_fit
 from memdiag.schema import (
     CompareRow,
+    Comparison,
+    Correctness,
     CrossEngineCheck,
     EnginePeak,
     EngineRow,
+    EnginesComparison,
     EnginesVerdict,
+    Physics,
     PolicySummary,
     ReductionCheckRecord,
     RunSummary,
@@ -377,7 +381,7 @@ RANK_ORDER_MODES = ("dense", "auto")
 
 def correctness(run_dirs: dict[tuple[int, str], str], summaries: dict[tuple[int, str], RunSummary],
                 verify_summary: RunSummary | None = None, reference_mode: str = "sparse",
-                order_dirs: Mapping[tuple[int, str], str] | None = None) -> dict[str, Any]:
+                order_dirs: Mapping[tuple[int, str], str] | None = None) -> Correctness:
     """Parameters and losses of every mode against the reference mode at the same rank count,
     and the reduction check of the verification run. ``passed`` is None when nothing could be checked.
     ``order_dirs``: for a (rank count, mode) whose check failed, the same run again with MPI's
@@ -443,7 +447,7 @@ def headline(rows: Sequence[Mapping[str, Any]]) -> str | None:
 
 
 def build(target: str, preset: str | None, run_dirs: Mapping[tuple[int, str], str | list[str]],
-          verify_dir: str | None = None, order_dirs: Mapping[tuple[int, str], str] | None = None) -> dict[str, Any]:
+          verify_dir: str | None = None, order_dirs: Mapping[tuple[int, str], str] | None = None) -> Comparison:
     """The comparison of every (rank count, mode): each key holds one run directory or, with
     ``--repeats``, several; their peaks give the median and the run-to-run spread."""
     repeats = {key: [paths] if isinstance(paths, str) else list(paths) for key, paths in run_dirs.items()}
@@ -453,7 +457,7 @@ def build(target: str, preset: str | None, run_dirs: Mapping[tuple[int, str], st
     verify_summary = load_summary(verify_dir) if verify_dir else None
     rows = [with_repeats(table_row(summaries[key], firsts[key]), every[key]) for key in sorted(summaries)]
     fit_from = 2 if len({r["world_size"] for r in rows if r["world_size"] >= 2}) >= 2 else 1
-    result = {
+    result: Comparison = {
         "headline": headline(rows),
         "workload": target,
         "preset": preset,
@@ -517,7 +521,7 @@ def rank_noise(summaries: Mapping[tuple[int, str], RunSummary]) -> float | None:
     return max(spreads) if spreads else None
 
 
-def physics(result: dict[str, Any], summaries: dict[tuple[int, str], RunSummary]) -> dict[str, Any]:
+def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) -> Physics:
     """The figures of the verdict: how sparse grows against k x the formula, how flat dense stays,
     what auto chose and what it saved, which phase set each peak, and whether each difference is
     larger than the noise."""
@@ -594,14 +598,15 @@ def physics(result: dict[str, Any], summaries: dict[tuple[int, str], RunSummary]
 def build_engines(target: str, preset: str | None,
                   run_dirs: Mapping[str, Mapping[tuple[int, str], str | list[str]]],
                   verify_dirs: Mapping[str, str] | None = None,
-                  order_dirs: Mapping[str, Mapping[tuple[int, str], str]] | None = None) -> dict[str, Any]:
+                  order_dirs: Mapping[str, Mapping[tuple[int, str], str]] | None = None) -> EnginesComparison:
     """Every (engine, rank count, mode): each engine's own comparison (``engines``), the rows side by
     side, the verdict across engines and the parameters of each engine against the first one's."""
     verify_dirs, order_dirs = verify_dirs or {}, order_dirs or {}
     order = list(run_dirs)
-    results = {engine: {**build(target, preset, dirs, verify_dirs.get(engine), order_dirs.get(engine)),
-                        "engine": engine}
-               for engine, dirs in run_dirs.items()}
+    results: dict[str, Comparison] = {}
+    for engine, dirs in run_dirs.items():
+        results[engine] = build(target, preset, dirs, verify_dirs.get(engine), order_dirs.get(engine))
+        results[engine]["engine"] = engine
     firsts = {engine: {key: paths if isinstance(paths, str) else paths[0] for key, paths in dirs.items()}
               for engine, dirs in run_dirs.items()}
     summaries = {engine: {key: load_summary(path) for key, path in dirs.items()} for engine, dirs in firsts.items()}

@@ -83,13 +83,16 @@ class ReportCommand:
 def _compare_plots(path: str) -> list[str] | None:
     """``peak-vs-ranks.png`` of a comparison; with two engines one line per engine and mode."""
     import os
+    from typing import cast
 
     from memdiag import rundir
     from memdiag.report.plots import PEAK_PLOT, plot_peak_vs_ranks, write_compare_plots
+    from memdiag.schema import EnginesComparison
 
-    result = rundir.read_comparison(path)
-    if result.get("engine") != "both":
+    comparison = rundir.read_comparison(path)
+    if comparison.get("engine") != "both":
         return write_compare_plots(path)
+    result = cast(EnginesComparison, comparison)
     rows = [{**r, "mode": f"{r['engine']} {r['mode']}"} for r in result["side_by_side"]]
     title = f"{result.get('workload', '?')} ({result.get('preset', '?')}): peak memory per rank, two engines"
     written = plot_peak_vs_ranks(rows, os.path.join(path, PEAK_PLOT), title)

@@ -29,6 +29,7 @@ from memdiag.analyze import scaling
 from memdiag.launch.options import LaunchOptions
 from memdiag.launch.session import RunRequest, execute, is_script, label, validate
 from memdiag.policy import AS_WRITTEN
+from memdiag.schema import Comparison, EnginesComparison
 from memdiag.workloads import check as check_workload
 from memdiag.workloads import configs
 
@@ -103,7 +104,7 @@ class CompareRequest:
                           engine=engine)
 
 
-def run_compare(request: CompareRequest, console: Console) -> dict[str, Any]:
+def run_compare(request: CompareRequest, console: Console) -> Comparison | EnginesComparison:
     # Everything is checked before the first directory is made.
     request.check()
     for engine in request.engines:
@@ -144,20 +145,22 @@ def run_compare(request: CompareRequest, console: Console) -> dict[str, Any]:
         order_dirs = {engine: _rank_order_runs(request, out, engine, run_dirs[engine], progress, overall, console)
                       for engine in request.engines if engine == HOROVOD}
     preset = None if is_script(request.target) else request.options.preset
-    study = {"rank_counts": request.rank_counts, "modes": request.modes, "steps": steps,
-             "repeats": request.repeats, "directory": out}
-    result: dict[str, Any]
+    def what_was_compared(result: Comparison | EnginesComparison) -> None:
+        result.update({"rank_counts": request.rank_counts, "modes": request.modes, "steps": steps,
+                       "repeats": request.repeats, "directory": out})
+
+    result: Comparison | EnginesComparison
     if request.engine == BOTH:
         result = comparison.build_engines(label(request.target), preset, run_dirs, verify_dirs, order_dirs)
         for each in result["engines"].values():
-            each.update(study)
+            what_was_compared(each)
     else:
         [engine] = request.engines
         result = comparison.build(label(request.target), preset, run_dirs[engine], verify_dirs.get(engine),
                                   order_dirs.get(engine))
         if engine != HOROVOD:
             result["engine"] = engine  # Horovod's compare.json stays as it was before engines
-    result.update(study)
+    what_was_compared(result)
     rundir.write_comparison(out, result)
     return result
 

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 from rich.text import Text
 
+from memdiag.schema import CompareRow
 from memdiag.units import format_bytes
 
 MODE_STYLES = {"sparse": "red", "dense": "green", "auto": "cyan"}
 
 
-def peak_chart(rows: list[dict[str, Any]], width: int = 40) -> Text:
+def peak_chart(rows: Sequence[CompareRow], width: int = 40) -> Text:
     """Bars start at the smallest peak shown, so differences of a few percent stay visible."""
     values = [r["steady_peak_rss_bytes_median"] for r in rows if r["steady_peak_rss_bytes_median"]]
     text = Text()

@@ -5,7 +5,7 @@ Tables are :class:`memdiag.report._fit.FitTable`: no figure, rank count or mode 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from rich.console import Console, Group
 from rich.panel import Panel
@@ -14,10 +14,11 @@ from rich.text import Text
 from memdiag.report._fit import Column, FitTable
 from memdiag.report.chart import peak_chart
 from memdiag.report.terminal import LIVE_ASSUMPTION, common_scope, describe_memory_environment, short_name
+from memdiag.schema import Comparison, EnginesComparison, Physics
 from memdiag.units import format_bytes
 
 
-def compare_table(result: dict[str, Any]) -> FitTable:
+def compare_table(result: Comparison) -> FitTable:
     repeated = any(r.get("peak_spread_bytes") is not None for r in result["rows"])
     columns = [Column("N", key=True), Column("mode", justify="left", key=True), Column("peak RSS")]
     if repeated:
@@ -39,7 +40,7 @@ def compare_table(result: dict[str, Any]) -> FitTable:
     return table
 
 
-def growth_table(result: dict[str, Any]) -> FitTable:
+def growth_table(result: Comparison) -> FitTable:
     since = result.get("growth_fitted_from_world_size", 1)
     table = FitTable([Column("mode", justify="left", key=True), Column("peak RSS"), Column("collective bytes")],
                      title=f"Growth per added rank (fitted over N >= {since})")
@@ -59,7 +60,7 @@ def _signed(value: float | None) -> str:
     return ("+" if value >= 0 else "") + format_bytes(value)
 
 
-def verdict(result: dict[str, Any]) -> Text:
+def verdict(result: Comparison) -> Text:
     text = Text()
     for row in result["rows"]:
         failure = row.get("failure")
@@ -105,7 +106,7 @@ def verdict(result: dict[str, Any]) -> Text:
     return text
 
 
-def environment_notes(result: dict[str, Any], text: Text) -> None:
+def environment_notes(result: Comparison | EnginesComparison, text: Text) -> None:
     """What every run shared that changes its figures: allocator settings, cores shared by the ranks."""
     for phrase in describe_memory_environment(result.get("memory_environment") or {}):
         text.append(f"Set in the environment of every run: {phrase}.\n", style="yellow")
@@ -114,7 +115,7 @@ def environment_notes(result: dict[str, Any], text: Text) -> None:
                     style="yellow")
 
 
-def correctness_text(result: dict[str, Any], text: Text) -> None:
+def correctness_text(result: Comparison, text: Text) -> None:
     """The correctness result of one engine's comparison, appended to ``text``."""
     c = result["correctness"]
     if c["passed"] is None:
@@ -186,7 +187,7 @@ def second_look_outcome(check: dict[str, Any], runs: str | None = None) -> str:
     return apart + f", less than from {check['against']}\n"
 
 
-def physics_parts(p: dict[str, Any]) -> list[str]:
+def physics_parts(p: Physics) -> list[str]:
     """The clauses of one engine's verdict sentence, from its ``physics`` figures."""
     parts = []
     growth, predicted = p.get("sparse_growth_bytes_per_rank"), p.get("predicted_rss_growth_bytes_per_rank")
@@ -214,14 +215,15 @@ def physics_parts(p: dict[str, Any]) -> list[str]:
             part += f" and merged {len(p['auto_merged'])}"
         if p.get("auto_vs_sparse") is not None:
             part += f": {p['auto_vs_sparse']:+.0%} against sparse at N={p['largest_world_size']}"
-        if p.get("auto_minus_best_bytes") is not None:
+        above_best = p.get("auto_minus_best_bytes")
+        if above_best is not None:
             best = p.get("best_fixed_mode") or "the better mode"
             if p.get("auto_vs_best_beyond_noise") is False:
                 part += f", level with {best} within noise"
-            elif p["auto_minus_best_bytes"] <= 0:
+            elif above_best <= 0:
                 part += f", at or below {best}"
             else:
-                part += f", {format_bytes(p['auto_minus_best_bytes'])} above {best}"
+                part += f", {format_bytes(above_best)} above {best}"
                 if p.get("auto_vs_best_beyond_noise"):
                     phase = (p.get("phases") or {}).get("auto", {}).get(str(p["largest_world_size"]))
                     part += (" beyond the noise (auto weighs the bytes its collectives move, not what the "
@@ -243,7 +245,7 @@ def noise_phrase(noise: float | None, source: str | None, whose: str = "") -> st
     return f"Run-to-run noise{whose}: {format_bytes(noise)}."
 
 
-def physics_verdict(result: dict[str, Any]) -> Text:
+def physics_verdict(result: Comparison) -> Text:
     """The comparison in one sentence with its numbers, then which phase set each mode's peaks."""
     p = result.get("physics")
     text = Text()
@@ -266,15 +268,15 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
-def compare_report(result: dict[str, Any]) -> Group:
+def compare_report(result: Comparison) -> Group:
     title = f"{result['workload']}" + (f" ({result['preset']})" if result.get("preset") else "")
     engine = f"  engine {result['engine']}" if result.get("engine") else ""  # Horovod's compare.json names none
     header = Panel(Text(f"{title}{engine}  modes {', '.join(result.get('modes', []))}  "
                         f"ranks {', '.join(map(str, result.get('rank_counts', [])))}  steps {result.get('steps')}"),
                    title="memdiag compare sparse-vs-dense", expand=False)
     parts: list[Any] = [header]
-    if result.get("headline"):
-        parts.append(Panel(Text(result["headline"], style="bold red"), title="headline", expand=False))
+    if headline := result.get("headline"):
+        parts.append(Panel(Text(headline, style="bold red"), title="headline", expand=False))
     parts.append(physics_verdict(result))
     return Group(*parts, compare_table(result), growth_table(result),
                  Panel(peak_chart(result["rows"]), title="peak RSS per rank", expand=False), verdict(result))
@@ -282,7 +284,7 @@ def compare_report(result: dict[str, Any]) -> Group:
 
 # -- two engines (--engine both) ---------------------------------------------------------------------
 
-def engines_sentence(result: dict[str, Any]) -> str:
+def engines_sentence(result: EnginesComparison) -> str:
     """The verdict across engines in words, with its numbers (terminal and Markdown say the same)."""
     v = result.get("verdict") or {}
     peaks = v.get("peaks") or []
@@ -306,8 +308,8 @@ def engines_sentence(result: dict[str, Any]) -> str:
             text += "; then " + ", ".join(rest)
     text += "."
     ranked = [b for e in result.get("engine_order", []) if (b := (v.get("best_by_engine") or {}).get(e))]
-    if len(ranked) >= 2 and v.get("engine_gap_bytes") is not None:
-        gap = v["engine_gap_bytes"]
+    gap = v.get("engine_gap_bytes")
+    if len(ranked) >= 2 and gap is not None:
         text += (f" The lowest of {ranked[1]['engine']} ({ranked[1]['mode']}, "
                  f"{format_bytes(ranked[1]['peak_rss_bytes'])}) is {format_bytes(abs(gap))} "
                  f"{'above' if gap >= 0 else 'below'} the lowest of {ranked[0]['engine']}")
@@ -340,7 +342,7 @@ def engines_sentence(result: dict[str, Any]) -> str:
     return text
 
 
-def engines_peak_table(result: dict[str, Any]) -> FitTable:
+def engines_peak_table(result: EnginesComparison) -> FitTable:
     rows = result["side_by_side"]
     repeated = any(r.get("peak_spread_bytes") is not None for r in rows)
     columns = [Column("N", key=True), Column("engine", justify="left", key=True),
@@ -361,7 +363,7 @@ def engines_peak_table(result: dict[str, Any]) -> FitTable:
     return table
 
 
-def engines_bytes_table(result: dict[str, Any]) -> FitTable:
+def engines_bytes_table(result: EnginesComparison) -> FitTable:
     rows = result["side_by_side"]
     table = FitTable([Column("N", key=True), Column("engine", justify="left", key=True),
                       Column("mode", justify="left", key=True), Column("gathered"), Column("formula"),
@@ -376,7 +378,7 @@ def engines_bytes_table(result: dict[str, Any]) -> FitTable:
     return table
 
 
-def engines_details(result: dict[str, Any]) -> Text:
+def engines_details(result: EnginesComparison) -> Text:
     """Per engine: its own verdict and correctness, briefly; then the parameters across engines."""
     text = Text()
     for engine in result.get("engine_order", []):
@@ -425,20 +427,23 @@ def engines_details(result: dict[str, Any]) -> Text:
     return text
 
 
-def engines_report(result: dict[str, Any]) -> Group:
+def engines_report(result: EnginesComparison) -> Group:
     title = f"{result['workload']}" + (f" ({result['preset']})" if result.get("preset") else "")
     header = Panel(Text(f"{title}  engines {', '.join(result.get('engine_order', []))}  "
                         f"modes {', '.join(result.get('modes', []))}  "
                         f"ranks {', '.join(map(str, result.get('rank_counts', [])))}  steps {result.get('steps')}"),
                    title="memdiag compare sparse-vs-dense --engine both", expand=False)
     parts: list[Any] = [Text(engines_sentence(result), style="bold"), header]
-    if result.get("headline"):
-        parts.append(Panel(Text(result["headline"], style="bold red"), title="headline", expand=False))
+    if headline := result.get("headline"):
+        parts.append(Panel(Text(headline, style="bold red"), title="headline", expand=False))
     v = result.get("verdict") or {}
     parts.append(Text(noise_phrase(v.get("noise_bytes"), v.get("noise_source"), " (the larger of the engines')")))
     return Group(*parts, engines_peak_table(result), engines_bytes_table(result), engines_details(result))
 
 
-def print_compare(result: dict[str, Any], console: Console | None = None) -> None:
-    report = engines_report(result) if result.get("engine") == "both" else compare_report(result)
+def print_compare(result: Comparison | EnginesComparison, console: Console | None = None) -> None:
+    if result.get("engine") == "both":
+        report = engines_report(cast(EnginesComparison, result))
+    else:
+        report = compare_report(cast(Comparison, result))
     (console or Console()).print(report)

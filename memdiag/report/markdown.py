@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from memdiag.report.compare import engines_sentence, second_look_outcome
 from memdiag.report.terminal import common_scope, short_name
-from memdiag.schema import RunSummary
+from memdiag.schema import Comparison, EnginesComparison, RunSummary
 from memdiag.units import format_bytes
 
 
@@ -39,9 +39,10 @@ def run_markdown(summary: RunSummary, manifest: dict[str, Any]) -> str:
     return f"{title}\n\n{ranks}\n\n{tensors}\n"
 
 
-def compare_markdown(result: dict[str, Any]) -> str:
-    if result.get("engine") == "both":
-        return engines_markdown(result)
+def compare_markdown(comparison: Comparison | EnginesComparison) -> str:
+    if comparison.get("engine") == "both":
+        return engines_markdown(cast(EnginesComparison, comparison))
+    result = cast(Comparison, comparison)
     rows = _table(
         ["N", "mode", "peak RSS (max)", "collective bytes/rank/step", "step time", "status"],
         [[str(r["world_size"]), r["mode"], format_bytes(r["steady_peak_rss_bytes_median"]),
@@ -65,7 +66,7 @@ def compare_markdown(result: dict[str, Any]) -> str:
     return f"## compare sparse-vs-dense: {result['workload']}\n\n{rows}\n\n{growth}\n\n{verdict}\n"
 
 
-def engines_markdown(result: dict[str, Any]) -> str:
+def engines_markdown(result: EnginesComparison) -> str:
     """``--engine both``: the verdict, every (N, engine, mode) side by side, correctness per engine."""
     repeated = any(r.get("peak_spread_bytes") is not None for r in result["side_by_side"])
     rows = _table(

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from memdiag.collect import Run, mem_points
 from memdiag.recordformat import decimate
+from memdiag.schema import Comparison
 
 MEMORY_PLOT = "memory.png"
 PEAK_PLOT = "peak-vs-ranks.png"
@@ -84,7 +85,7 @@ def plot_memory(run: Run, path: str | None = None) -> str | None:
     return path
 
 
-def plot_peak_vs_ranks(rows: list[dict[str, Any]], path: str, title: str = "") -> str | None:
+def plot_peak_vs_ranks(rows: Sequence[Mapping[str, Any]], path: str, title: str = "") -> str | None:
     """Largest per-rank peak RSS against the number of ranks, one line per mode (compare.json's rows)."""
     plt = _pyplot()
     if plt is None:
@@ -130,7 +131,7 @@ def write_compare_plots(compare_dir: str) -> list[str] | None:
     """``peak-vs-ranks.png`` in a comparison directory (from its compare.json); None without matplotlib."""
     from memdiag.rundir import read_comparison
 
-    result = read_comparison(compare_dir)
+    result = cast(Comparison, read_comparison(compare_dir))
     title = f"{result.get('workload', '?')} ({result.get('preset', '?')}): peak memory per rank against ranks"
     path = plot_peak_vs_ranks(result.get("rows", []), os.path.join(compare_dir, PEAK_PLOT), title)
     return None if path is None else [path]
