@@ -528,6 +528,51 @@ class Comparison(TypedDict, total=False):
     directory: str
 
 
+class PredictionRow(TypedDict):
+    """One (rank count, mode) of a prediction (``memdiag predict``; memdiag.analyze.model.prediction_table)."""
+
+    world_size: int
+    mode: str
+    collective_bytes_per_rank: int  # by the formula, from shapes known before the runs fitted
+    gathered_bytes_per_rank: int
+    peak_rss_bytes: float  # modelled: the larger regime's peak
+    regime: str | None  # compute or collectives
+    over_budget: bool | None  # None: no --mem-per-rank
+
+
+class MeasuredRow(TypedDict):
+    """A run the prediction was fitted to, beside it: its steady peak and collective bytes."""
+
+    world_size: int
+    mode: str
+    peak_rss_bytes: int | None
+    collective_bytes_per_rank: int
+
+
+class Prediction(TypedDict, total=False):
+    """What ``memdiag predict`` prints and writes as JSON (memdiag.analyze.model.prediction_table)."""
+
+    rows: list[PredictionRow]
+    budget_bytes: float | None
+    scan_limit_ranks: int
+    ranks_over_budget: dict[str, int | None]  # per mode: the first N over the budget
+    regime_change_ranks: dict[str, int | None]  # per mode: the first N where the collectives set the peak
+    compute_again_ranks: dict[str, int | None]
+    compute_peak_bytes: dict[str, float | None]
+    collective_base_bytes: dict[str, float]
+    count_overflow: dict[str, int | None]  # per tensor: the first N whose gathered count passes MPI's int
+    count_overflow_merged: dict[str, int | None]
+    cost_per_gathered_byte: float | None
+    reduce_ops: dict[str, str]
+    fitted_cost_per_gathered_byte: float | None
+    base_bytes: dict[str, float]
+    fitted_from_world_sizes: list[int]
+    tensors: dict[str, dict[str, Any]]  # per tensor: its shape (memdiag.formula.SparseGradientShape's fields)
+    tensor_rows: dict[str, dict[str, Any]]  # per tensor: every rank's rows, as measured
+    not_predicted: dict[str, str]  # gradients left out of the prediction, with why
+    measured: list[MeasuredRow]
+
+
 class EngineRow(TypedDict, total=False):
     """One (rank count, engine, mode) row of ``compare.json`` ``side_by_side`` (``--engine both``):
     the engine's own comparison row (maxima over the run's ranks; with --repeats the median peak) with

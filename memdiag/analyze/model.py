@@ -67,7 +67,7 @@ from typing import Any
 from memdiag._errors import UserError
 from memdiag.formula import SparseGradientShape
 from memdiag.policy import decide, guarded_distinct_rows
-from memdiag.schema import RunSummary
+from memdiag.schema import Prediction, PredictionRow, RunSummary
 
 AVERAGE, SUM = "average", "sum"
 GATHERING_OPS = (AVERAGE, SUM)  # the only ops Horovod 0.28.1 reduces an IndexedSlices with by allgather
@@ -452,11 +452,12 @@ def _gathered_as_run(model: MemoryModel, summary: RunSummary) -> float:
 
 
 def prediction_table(model: MemoryModel, rank_counts: list[int], modes: list[str],
-                     budget: float | None = None) -> dict[str, Any]:
+                     budget: float | None = None) -> Prediction:
     """Per rank count and mode: collective bytes, peak and which regime sets it; per mode: where the
     budget is passed and where the collective regime takes over; per tensor: where its gathered count
     passes MPI's 32-bit limit."""
-    rows = [{"world_size": n, "mode": mode, "collective_bytes_per_rank": model.collective_bytes(mode, n),
+    rows: list[PredictionRow] = [
+            {"world_size": n, "mode": mode, "collective_bytes_per_rank": model.collective_bytes(mode, n),
              "gathered_bytes_per_rank": model.gathered_bytes(mode, n), "peak_rss_bytes": model.peak(mode, n),
              "regime": model.regime(mode, n),
              "over_budget": None if budget is None else model.peak(mode, n) > budget}

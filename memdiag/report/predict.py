@@ -15,6 +15,7 @@ from rich.text import Text
 
 from memdiag.report._fit import Column, FitTable
 from memdiag.report.terminal import common_scope, short_name
+from memdiag.schema import Prediction
 from memdiag.units import format_bytes
 
 # Why a gathered byte costs k bytes at the peak, per reduce op (Horovod's sparse path).
@@ -27,7 +28,7 @@ K_REASONS = {
 NO_GATHER_REASON = "has no allgather path in Horovod (sparse_as_dense needed): reduced densely in every mode"
 
 
-def predicted_table(table: dict[str, Any]) -> FitTable:
+def predicted_table(table: Prediction) -> FitTable:
     grid = FitTable([Column("N", key=True), Column("mode", justify="left", key=True), Column("coll/step"),
                      Column("gathered"), Column("peak RSS"), Column("set by", justify="left")],
                     title="Predicted per rank (bytes from the formula; peak modelled)")
@@ -38,24 +39,24 @@ def predicted_table(table: dict[str, Any]) -> FitTable:
     return grid
 
 
-def measured_table(table: dict[str, Any]) -> FitTable | None:
+def measured_table(table: Prediction) -> FitTable | None:
     """Predicted beside measured, where a run was made at a predicted rank count."""
     predicted = {(r["world_size"], r["mode"]): r for r in table["rows"]}
-    pairs = [(predicted[(m["world_size"], m["mode"])], m) for m in table.get("measured", [])
-             if (m["world_size"], m["mode"]) in predicted and m.get("peak_rss_bytes")]
+    pairs = [(predicted[(m["world_size"], m["mode"])], peak) for m in table.get("measured", [])
+             if (m["world_size"], m["mode"]) in predicted and (peak := m["peak_rss_bytes"])]
     if not pairs:
         return None
     grid = FitTable([Column("N", key=True), Column("mode", justify="left", key=True), Column("predicted"),
                      Column("measured"), Column("error")],
                     title="Predicted peak against the runs at the same N")
     for row, seen in pairs:
-        error = (row["peak_rss_bytes"] - seen["peak_rss_bytes"]) / seen["peak_rss_bytes"]
+        error = (row["peak_rss_bytes"] - seen) / seen
         grid.add_row(str(row["world_size"]), row["mode"], format_bytes(row["peak_rss_bytes"]),
-                     format_bytes(seen["peak_rss_bytes"]), f"{error:+.1%}")
+                     format_bytes(seen), f"{error:+.1%}")
     return grid
 
 
-def _cost_note(table: dict[str, Any]) -> str:
+def _cost_note(table: Prediction) -> str:
     ops = table.get("reduce_ops", {})
     k = table["cost_per_gathered_byte"]
     gathering = sorted({op for op in ops.values() if op in K_REASONS})
@@ -73,7 +74,7 @@ def _cost_note(table: dict[str, Any]) -> str:
     return text
 
 
-def _regime_note(mode: str, table: dict[str, Any], limit: str) -> str:
+def _regime_note(mode: str, table: Prediction, limit: str) -> str:
     n = table["regime_change_ranks"].get(mode)
     compute = format_bytes(table["compute_peak_bytes"][mode])
     again = (table.get("compute_again_ranks") or {}).get(mode)
@@ -89,7 +90,7 @@ def _regime_note(mode: str, table: dict[str, Any], limit: str) -> str:
                    "once auto has densified them")
 
 
-def _rows_notes(table: dict[str, Any], scope: str) -> list[str]:
+def _rows_notes(table: Prediction, scope: str) -> list[str]:
     """Where the rows came from, for each tensor whose ranks' rows differ or were read off the run's
     records; and each tensor the prediction leaves out, with why."""
     lines = []
@@ -111,7 +112,7 @@ def _rows_notes(table: dict[str, Any], scope: str) -> list[str]:
     return lines
 
 
-def notes(table: dict[str, Any]) -> Text:
+def notes(table: Prediction) -> Text:
     text = Text()
     limit = f"2^{table.get('scan_limit_ranks', 2**20).bit_length() - 1}"
     measured_at = ", ".join(map(str, table["fitted_from_world_sizes"]))
@@ -146,7 +147,7 @@ def notes(table: dict[str, Any]) -> Text:
     return text
 
 
-def prediction_report(table: dict[str, Any]) -> Group:
+def prediction_report(table: Prediction) -> Group:
     parts: list[Any] = [predicted_table(table)]
     against = measured_table(table)
     if against is not None:
@@ -155,5 +156,5 @@ def prediction_report(table: dict[str, Any]) -> Group:
     return Group(*parts)
 
 
-def print_prediction(table: dict[str, Any], console: Console | None = None) -> None:
+def print_prediction(table: Prediction, console: Console | None = None) -> None:
     (console or Console()).print(prediction_report(table))
