@@ -12,7 +12,7 @@ hence ``total=False`` beyond the fields every record of a type carries.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict, get_type_hints
+from typing import Any, NotRequired, TypedDict, get_type_hints
 
 # The step of everything before the first training step (initial broadcasts, model building):
 # records of it carry ``"step": -1``; steps of training count from 0.
@@ -571,6 +571,45 @@ class Prediction(TypedDict, total=False):
     tensor_rows: dict[str, dict[str, Any]]  # per tensor: every rank's rows, as measured
     not_predicted: dict[str, str]  # gradients left out of the prediction, with why
     measured: list[MeasuredRow]
+
+
+class ScaleRow(TypedDict):
+    """One rank count of ``scale.json`` ``rows`` (memdiag.analyze.scaling.measured_row): per rank and per
+    step, maxima over the ranks."""
+
+    world_size: int
+    status: str
+    failure: dict[str, Any] | None
+    items_per_rank: float | None
+    step_time_s: float | None
+    throughput: float | None  # items per second, every rank
+    speedup: float | None  # against the smallest rank count with a throughput
+    efficiency: float | None
+    peak_rss_bytes_max: int | None  # as in summary.json: the overall peak of the largest rank
+    collective_bytes_per_rank: int
+    allgather_bytes_per_rank: int
+    allreduce_bytes_per_rank: int
+    collective_time_s: float | None  # median over rank 0's steps, from Horovod's timeline
+    collective_time_fraction: float | None
+    compute_time_s: float | None
+    ranks_per_host: int
+    cores_per_host: int
+    cores_per_rank: int
+    oversubscribed: bool
+    run_dir: str
+
+
+class ScaleResult(TypedDict):
+    """``scale.json`` (memdiag.analyze.scaling.build_result; ``memdiag scale`` adds the directory)."""
+
+    study: dict[str, Any]  # what was run: workload, scaling, mode, steps, rank_counts, hosts, ...
+    rows: list[ScaleRow]
+    scaling_experiment: bool  # every rank had the same cores at every N
+    warnings: list[str]
+    collective_time_method: str
+    projection: dict[str, Any] | None  # the alpha-beta projection (memdiag.analyze.projection)
+    projection_error: str | None
+    directory: NotRequired[str]
 
 
 class EngineRow(TypedDict, total=False):

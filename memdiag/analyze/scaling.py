@@ -19,7 +19,7 @@ from memdiag._errors import UserError
 from memdiag.analyze import projection as model
 from memdiag.collect import read_rank_file
 from memdiag.hosts import ranks_per_host
-from memdiag.schema import SETUP_STEP, RunSummary
+from memdiag.schema import SETUP_STEP, RunSummary, ScaleResult, ScaleRow
 
 COLLECTIVE_TIME_METHOD = (
     "in coll.: from rank 0's Horovod timeline, the union of the intervals in which a collective was "
@@ -38,7 +38,7 @@ class ProjectionRequest:
     items_per_rank: float | None = None  # project at this per-rank batch instead of the measured one
 
 
-def analyze_dir(path: str, projection: ProjectionRequest | None) -> dict[str, Any]:
+def analyze_dir(path: str, projection: ProjectionRequest | None) -> ScaleResult:
     """Redo the analysis (and the projection) of a scale directory, or of one run directory."""
     scale_file = os.path.join(path, rundir.SCALE_FILE)
     if os.path.isfile(scale_file):
@@ -58,7 +58,7 @@ def analyze_dir(path: str, projection: ProjectionRequest | None) -> dict[str, An
 
 # -- the analysis -----------------------------------------------------------------------------------
 
-def build_result(study: dict[str, Any], run_dirs: dict[int, str], projection: ProjectionRequest | None) -> dict[str, Any]:
+def build_result(study: dict[str, Any], run_dirs: dict[int, str], projection: ProjectionRequest | None) -> ScaleResult:
     rows = [measured_row(rundir.read_summary(d),
                          rundir.read_json(os.path.join(d, rundir.RUN_MANIFEST)), d)
             for _, d in sorted(run_dirs.items())]
@@ -77,7 +77,7 @@ def build_result(study: dict[str, Any], run_dirs: dict[int, str], projection: Pr
                             f"see {row['run_dir']}/{rundir.MPIRUN_LOG}")
         if row["collective_time_s"] is None and row["world_size"] > 1:
             warnings.append(f"N={row['world_size']}: no Horovod timeline, so the time in collectives is unknown")
-    result = {
+    result: ScaleResult = {
         "study": study,
         "rows": rows,
         "scaling_experiment": experiment,
@@ -95,7 +95,7 @@ def build_result(study: dict[str, Any], run_dirs: dict[int, str], projection: Pr
     return result
 
 
-def measured_row(summary: RunSummary, manifest: dict[str, Any], run_dir: str) -> dict[str, Any]:
+def measured_row(summary: RunSummary, manifest: dict[str, Any], run_dir: str) -> ScaleRow:
     """One rank count: what the table shows, all per rank and per step, maxima over ranks."""
     ranks = summary["ranks"]
     step_times = [r["step_time_s"] for r in ranks if r["step_time_s"] is not None]
@@ -133,19 +133,18 @@ def measured_row(summary: RunSummary, manifest: dict[str, Any], run_dir: str) ->
     }
 
 
-def add_ratios(rows: list[dict[str, Any]]) -> None:
+def add_ratios(rows: list[ScaleRow]) -> None:
     """Speedup and efficiency against the smallest rank count that produced a throughput."""
-    measured = [r for r in rows if r["throughput"]]
+    measured = [(r, throughput) for r in rows if (throughput := r["throughput"])]
     if not measured:
         return
-    base = min(measured, key=lambda r: r["world_size"])
-    for row in measured:
-        row["speedup"] = model.speedup(row["throughput"], base["throughput"])
-        row["efficiency"] = model.scaling_efficiency(row["throughput"], row["world_size"], base["throughput"],
-                                                     base["world_size"])
+    base, base_throughput = min(measured, key=lambda found: found[0]["world_size"])
+    for row, throughput in measured:
+        row["speedup"] = model.speedup(throughput, base_throughput)
+        row["efficiency"] = model.scaling_efficiency(throughput, row["world_size"], base_throughput, base["world_size"])
 
 
-def study_warnings(rows: list[dict[str, Any]]) -> tuple[bool, list[str]]:
+def study_warnings(rows: list[ScaleRow]) -> tuple[bool, list[str]]:
     """Whether the study measured scaling at all: every rank must have had the same cores at every N."""
     warnings = []
     crowded = [r for r in rows if r["oversubscribed"]]
@@ -223,7 +222,7 @@ def covered_seconds(intervals: list[tuple[float, float]], start: float, end: flo
     return total
 
 
-def project_from(rows: list[dict[str, Any]], run_dirs: dict[int, str], workload: str | None,
+def project_from(rows: list[ScaleRow], run_dirs: dict[int, str], workload: str | None,
                  request: ProjectionRequest) -> dict[str, Any]:
     """Project from the smallest rank count that ran collectives (N >= 2: real message sizes) or, when
     there is none, from one rank with the sizes of its saved parameters (a pure compute time)."""
@@ -235,16 +234,20 @@ def project_from(rows: list[dict[str, Any]], run_dirs: dict[int, str], workload:
         raise UserError("--project needs a successful run on 2 or more ranks, or on 1 rank of a built-in "
                         "workload (Horovod runs no collective on 1 rank; the saved parameters give the sizes)")
     row = min(multi, key=lambda r: r["world_size"]) if multi else single[0]
-    compute_s = request.compute_s
-    if compute_s is None:
-        compute_s = row["compute_time_s"]
-        if compute_s <= 0:
-            raise UserError(f"N={row['world_size']}: no compute time is left after the time in collectives; "
-                            "give one with --step-compute SECONDS")
+    compute_s = request.compute_s if request.compute_s is not None else row["compute_time_s"]
+    if compute_s is None or compute_s <= 0:
+        raise UserError(f"N={row['world_size']}: no compute time is left after the time in collectives; "
+                        "give one with --step-compute SECONDS")
+    items = row["items_per_rank"]
+    if items is None:
+        # A script's steps do not say how many examples they hold; a throughput cannot be projected.
+        raise UserError(f"N={row['world_size']}: the run's steps record no items (a script's steps do not say how many "
+                        "examples they hold), and the projection's throughput needs them; project a built-in "
+                        "workload's run (memdiag scale WORKLOAD ... --project N,N)")
     run_dir = run_dirs[row["world_size"]]
     summary = rundir.read_summary(run_dir)
     parameters = None if multi else parameter_bytes(os.path.join(run_dir, rundir.PARAMETERS))
-    base = model.base_from_summary(summary, row["run_dir"], row["items_per_rank"], compute_s, parameters)
+    base = model.base_from_summary(summary, row["run_dir"], items, compute_s, parameters)
     if request.items_per_rank is not None:
         base = model.at_batch(base, request.items_per_rank)
     result = model.projection_result(base, workload, sorted(request.rank_counts), request.network,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -29,7 +28,7 @@ from memdiag.analyze import scaling
 from memdiag.launch.options import LaunchOptions
 from memdiag.launch.session import RunRequest, execute, is_script, label, validate
 from memdiag.policy import AS_WRITTEN
-from memdiag.schema import Comparison, EnginesComparison
+from memdiag.schema import Comparison, EnginesComparison, ScaleResult
 from memdiag.workloads import check as check_workload
 from memdiag.workloads import configs
 
@@ -237,7 +236,7 @@ class ScaleRequest:
 
 
 def run_scale(request: ScaleRequest, projection: scaling.ProjectionRequest | None,
-              console: Console) -> dict[str, Any]:
+              console: Console) -> ScaleResult:
     """Run every rank count, write scale.json and return it."""
     if len(set(request.rank_counts)) != len(request.rank_counts):
         raise UserError(f"--ranks {','.join(map(str, request.rank_counts))}: give each rank count once")

@@ -13,6 +13,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from memdiag.report._fit import Column, FitTable
+from memdiag.schema import ScaleResult
 from memdiag.units import format_bytes
 
 
@@ -32,7 +33,7 @@ def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}" if value < 100 else f"{value:.0f}"
 
 
-def header(result: dict[str, Any]) -> Panel:
+def header(result: ScaleResult) -> Panel:
     study = result["study"]
     target = study["workload"] + (f" ({study['preset']})" if study.get("preset") else "")
     scaling = f"{study['scaling']} scaling" if study.get("scaling") else "one run"
@@ -43,7 +44,7 @@ def header(result: dict[str, Any]) -> Panel:
     return Panel(line, title="memdiag scale", expand=False)
 
 
-def measured_table(result: dict[str, Any]) -> FitTable:
+def measured_table(result: ScaleResult) -> FitTable:
     table = FitTable([Column("N", key=True), Column("items/rank"), Column("step"), Column("items/s"),
                       Column("speedup"), Column("efficiency"), Column("in coll."),
                       Column("status", justify="left"), Column("peak RSS", group=1), Column("coll/step", group=1),
@@ -61,7 +62,7 @@ def measured_table(result: dict[str, Any]) -> FitTable:
     return table
 
 
-def notes(result: dict[str, Any]) -> Text:
+def notes(result: ScaleResult) -> Text:
     text = Text()
     for warning in result["warnings"]:
         style = "bold red" if warning.startswith("NOT a scaling experiment") else "yellow"
@@ -102,14 +103,14 @@ def projection_notes(projection: dict[str, Any]) -> Text:
     return text
 
 
-def scale_report(result: dict[str, Any]) -> Group:
+def scale_report(result: ScaleResult) -> Group:
     parts: list[Any] = [header(result), measured_table(result), notes(result)]
-    if result.get("projection"):
-        parts += [projection_table(result["projection"]), projection_notes(result["projection"])]
+    if projection := result.get("projection"):
+        parts += [projection_table(projection), projection_notes(projection)]
     if result.get("projection_error"):
         parts.append(Text(f"no projection: {result['projection_error']}", style="bold red"))
     return Group(*parts)
 
 
-def print_scale(result: dict[str, Any], console: Console | None = None) -> None:
+def print_scale(result: ScaleResult, console: Console | None = None) -> None:
     (console or Console()).print(scale_report(result))

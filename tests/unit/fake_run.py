@@ -16,8 +16,9 @@ def meta(op: str, name: str, part=None, sparse=False, densified=False, itemsize=
 
 
 def make_run(path: Path, world_size: int = 2, steps: int = 3, rows: int = 256, width: int = 32,
-             vocab: int = 512, mode: str = "sparse", kill_rank_after: int | None = None) -> Path:
-    """A run of a model with one embedding (IndexedSlices) and one dense kernel."""
+             vocab: int = 512, mode: str = "sparse", kill_rank_after: int | None = None, items: bool = True) -> Path:
+    """A run of a model with one embedding (IndexedSlices) and one dense kernel; ``items=False``: its
+    steps say nothing of the examples they hold, as a script's do not."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "run.json").write_text(json.dumps({"workload": "transformer", "preset": "tiny", "mode": mode,
                                                "world_size": world_size, "steps": steps, "status": "ok"}))
@@ -38,7 +39,7 @@ def make_run(path: Path, world_size: int = 2, steps: int = 3, rows: int = 256, w
                 tracer.collective(meta("allreduce", "m/emb:0", sparse=True, densified=True),
                                   [vocab, width], [vocab, width])
             tracer.collective(meta("allreduce", "m/kernel:0"), [width, width], [width, width])
-            tracer.end_step(step, loss=5.0 - step, items=rows, param_digest=f"d{step}")
+            tracer.end_step(step, loss=5.0 - step, param_digest=f"d{step}", **({"items": rows} if items else {}))
         else:
             writer.write_now({"type": "end", "status": "ok", "error": None, "hwm_bytes": 1})
         writer.close()

@@ -203,3 +203,23 @@ def test_the_default_fusion_buffer_is_horovods_own_128_mib(monkeypatch):
     assert _projection_request(args).fusion_bytes == 128 * 1024**2
     monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", str(64 * 1024**2))
     assert _projection_request(args).fusion_bytes == 64 * 1024**2
+
+
+@pytest.mark.parametrize("items", [True, False])
+def test_projecting_a_run_whose_steps_record_no_items_is_a_one_line_error_not_a_traceback(items, tmp_path, capsys):
+    # GIVEN a two-rank run whose steps record the items they hold (a built-in workload's), or none (a script's)
+    from memdiag.analyze.summary import summarize
+    from memdiag.cli import main
+    from memdiag.collect import load_run
+    from tests.unit.fake_run import make_run
+
+    path = make_run(tmp_path / "run", items=items)
+    (path / "summary.json").write_text(json.dumps(summarize(load_run(str(path)))))
+    # WHEN it is projected to more ranks
+    code = main(["scale", "--from", str(path), "--project", "4,8", "--step-compute", "0.1"])
+    out = capsys.readouterr().out
+    # THEN the script's run says in one line why it cannot be projected, with no traceback; the other run
+    # gets past that point (this fake run records no policy, so the projection then stops at its gradient)
+    assert code == 2 and "Traceback" not in out
+    assert ("the run's steps record no items" in out) is not items
+    assert items is False or "m/emb:0: this IndexedSlices gradient cannot be projected" in out
