@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast, overload
 
 from memdiag._errors import UserError
-from memdiag.recordformat import VARYING_FIELDS, SeriesPolicy, mem_aggregates
+from memdiag.recordformat import VARYING_FIELDS, SeriesPolicy, mem_aggregates, upgrade_policy
 from memdiag.rundir import MPIRUN_LOG, RANK_FILE, RANK_GLOB, RUN_MANIFEST
 from memdiag.schema import (
     EndRecord,
@@ -329,7 +329,7 @@ def parse_records(lines: Iterable[bytes] | Iterable[str], rank: int) -> RankReco
     result = RankRecords(rank)
     # The records are read as JSON and typed by their ``type``: a field's value is what the rank wrote
     # (readers check types where a damaged file could mislead them).
-    buckets: dict[str, list[Any]] = {"policy": result.policies, "reduction_check": result.reduction_checks,
+    buckets: dict[str, list[Any]] = {"reduction_check": result.reduction_checks,
                "waiting": result.waiting}
     memory = _MemoryRecords(result.memory)
     for raw in lines:
@@ -368,6 +368,8 @@ def parse_records(lines: Iterable[bytes] | Iterable[str], rank: int) -> RankReco
             result.end = cast(EndRecord, record)
         elif kind == "killed":
             result.killed = cast(KilledRecord, record)
+        elif kind == "policy":
+            result.policies.append(cast(PolicyRecord, upgrade_policy(record)))
         else:
             buckets.get(kind, result.other).append(record)
     memory.finish()

@@ -108,6 +108,12 @@ class Decision:
             return None
         return padding_bytes(self.rows_per_worker, self.shape.row_bytes, self.shape.index_bytes)
 
+    @property
+    def rows_agreed(self) -> bool:
+        """Whether the ranks agreed on the rows the decision used (auto; every mode of
+        MultiWorkerMirroredStrategy, which pads its gathers to the longest worker's rows)."""
+        return self.mode == "auto" or self.engine is not None
+
     def as_record(self) -> dict[str, Any]:
         shape = self.shape
         record = {
@@ -119,14 +125,18 @@ class Decision:
             "world_size": self.world_size,
             "script_sparse_as_dense": self.script_densifies,
             "overridden": self.overridden,
-            "local_rows": self.local_rows,
+            # unagreed, the decision's rows are this rank's own
+            "local_rows": self.local_rows if self.local_rows is not None or shape is None or self.rows_agreed
+            else shape.rows_per_rank,
             "local_distinct_rows": self.local_distinct_rows,
             "gathered_bytes": self.gathered_bytes,
             "merged_bytes": self.merged_bytes,
             "guarded_merged_bytes": self.guarded_merged_bytes,
             "dedup_guard": self.guard,
             "dense_bytes": self.dense_bytes,
-            "rows_per_rank": None if shape is None else shape.rows_per_rank,
+            # The rows the decision used, where every rank agreed on them (auto, and MultiWorkerMirroredStrategy
+            # in every mode): the most of any rank. Elsewhere each rank used its own (local_rows).
+            "agreed_rows": None if shape is None or not self.rows_agreed else shape.rows_per_rank,
             "distinct_rows": None if shape is None else shape.distinct_rows,
             "row_bytes": None if shape is None else shape.row_bytes,
             "index_bytes": None if shape is None else shape.index_bytes,

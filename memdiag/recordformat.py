@@ -20,6 +20,17 @@ SERIES_PER_DOUBLING = 16
 VARYING_FIELDS = frozenset(("step", "t", "shape_in", "shape_out", "bytes_in", "bytes_out", "kind"))
 
 
+def upgrade_policy(entry: dict[str, Any]) -> dict[str, Any]:
+    """A policy record (or a summary.json policy entry) written before ``agreed_rows``, in place: its
+    ``rows_per_rank`` was the agreed rows where the ranks agreed (mode auto, or an engine named: every mode
+    of MultiWorkerMirroredStrategy) and the rank's own rows elsewhere, which ``local_rows`` holds too."""
+    if "rows_per_rank" in entry and "agreed_rows" not in entry:
+        rows = entry.pop("rows_per_rank")
+        entry["agreed_rows"] = rows if entry.get("mode") == "auto" or entry.get("engine") else None
+        entry.setdefault("local_rows", None if entry["agreed_rows"] is not None else rows)
+    return entry
+
+
 def keeps_series(step: int) -> bool:
     """Whether the ``mem`` record of ``step`` carries its samples (``times``, ``rss``): the set-up,
     steps 0 .. FULL_STEPS-1, then SERIES_PER_DOUBLING evenly spaced steps of every doubling. A run of

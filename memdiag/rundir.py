@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from memdiag._errors import UserError
+from memdiag.recordformat import upgrade_policy
 from memdiag.schema import Comparison, EnginesComparison, RunSummary
 
 RUN_MANIFEST = "run.json"
@@ -138,8 +139,9 @@ def write_json(path: str, value: Any, indent: int | None = 2) -> None:
 
 
 # compare.json's format: 2 names a row's peak for what it is, steady_peak_rss_bytes_median (the largest
-# rank's steady peak, the median over the row's repeats); 1 (no "format" field) called it peak_rss_bytes_max,
-# the name summary.json gives the overall peak. read_comparison reads both.
+# rank's steady peak, the median over the row's repeats), and a merged tensor's rows rows_largest_rank;
+# 1 (no "format" field) called them peak_rss_bytes_max, the name summary.json gives the overall peak, and
+# rows_per_rank, the name a policy record gave a rank's own or the agreed rows. read_comparison reads both.
 COMPARE_FORMAT = 2
 _OLD_ROW_PEAK, _ROW_PEAK = "peak_rss_bytes_max", "steady_peak_rss_bytes_median"
 
@@ -159,7 +161,11 @@ def read_comparison(path: str) -> Comparison | EnginesComparison:
 
 def read_summary(run_dir: str) -> RunSummary:
     """A run directory's ``summary.json``: as memdiag.analyze.summary.summarize wrote it."""
-    return cast(RunSummary, read_json(os.path.join(run_dir, SUMMARY)))
+    summary = read_json(os.path.join(run_dir, SUMMARY))
+    for entry in summary.get("policy") or [] if isinstance(summary, dict) else []:
+        if isinstance(entry, dict):
+            upgrade_policy(entry)  # written before agreed_rows
+    return cast(RunSummary, summary)
 
 
 def write_comparison(path: str, result: Comparison | EnginesComparison) -> None:
@@ -170,13 +176,17 @@ def write_comparison(path: str, result: Comparison | EnginesComparison) -> None:
 
 def upgrade_comparison(result: dict[str, Any]) -> dict[str, Any]:
     """A ``compare.json`` of format 1 as format 2 (in place): its rows' peak renamed, in every engine's
-    comparison too. A result of the current format is returned as it is."""
+    comparison too, and its merged tensors' rows. A result of the current format is returned as it is."""
     if result.get("format", 1) < 2:
         parts = [result, *(each for each in (result.get("engines") or {}).values() if isinstance(each, dict))]
         for part in parts:
             for row in [*(part.get("rows") or []), *(part.get("side_by_side") or [])]:
                 if isinstance(row, dict) and _OLD_ROW_PEAK in row and _ROW_PEAK not in row:
                     row[_ROW_PEAK] = row.pop(_OLD_ROW_PEAK)
+            for tensor in part.get("tensors") or []:
+                dedup = tensor.get("dedup") if isinstance(tensor, dict) else None
+                if isinstance(dedup, dict) and "rows_per_rank" in dedup:
+                    dedup["rows_largest_rank"] = dedup.pop("rows_per_rank")
     result["format"] = COMPARE_FORMAT
     return result
 

@@ -151,9 +151,9 @@ class PolicyFields(TypedDict, total=False):
     world_size: int
     script_sparse_as_dense: bool | None
     overridden: bool
-    local_rows: int | None
+    local_rows: int | None  # this rank's own rows T (None: unknown when it decided)
     local_distinct_rows: int | None
-    rows_per_rank: int | None
+    agreed_rows: int | None  # the most rows of any rank, agreed (auto; tf-distribute every mode); else None
     distinct_rows: int | None
     gathered_bytes: int | None
     merged_bytes: int | None

@@ -164,7 +164,7 @@ def _add_merging(tensors: dict[str, dict[str, Any]], summaries: dict[tuple[int, 
                      if c["name"] == d["name"] and c["op"] == "allgather" and c.get("merged"))
         unmerged = None if sparse is None else sum(
             c["bytes_out_per_rank"] for c in sparse["collectives"] if c["name"] == d["name"] and c["op"] == "allgather")
-        entry["dedup"] = {"world_size": n, "rows_per_rank": d["rows_max"],
+        entry["dedup"] = {"world_size": n, "rows_largest_rank": d["rows_max"],
                           "distinct_rows_min": d["distinct_rows_min"], "distinct_rows_max": d["distinct_rows_max"],
                           "distinct_rows_per_rank": d["distinct_rows_per_rank"],
                           "gathered_bytes": merged, "unmerged_gathered_bytes": unmerged,
@@ -368,9 +368,9 @@ def _same_parameters(dir_a: str, dir_b: str) -> bool:
 def most_terms(summary: RunSummary, world_size: int) -> int:
     """The most numbers one reduced gradient element can sum in a run: the rows gathered for a gathered
     gradient (every gathered row may carry the same index: the sum over the ranks of their rows), N for
-    a dense one. Summaries older than ``rows_gathered`` give N x their policy's ``rows_per_rank``."""
-    rows = [gathered if (gathered := p.get("rows_gathered")) is not None else world_size * (p.get("rows_per_rank") or 0)
-            for p in summary.get("policy", [])]
+    a dense one. Summaries older than ``rows_gathered`` give N x their policy's agreed rows (or its own)."""
+    rows = [gathered if (gathered := p.get("rows_gathered")) is not None
+            else world_size * (p.get("agreed_rows") or p.get("local_rows") or 0) for p in summary.get("policy", [])]
     return max([world_size, *rows])
 
 
@@ -680,10 +680,10 @@ def _gathered_policies(summary: RunSummary) -> list[PolicySummary]:
 def _rows_gathered(policy: Mapping[str, Any], world_size: int) -> int | None:
     """The rows each rank receives per step for this gradient: the summary's ``rows_gathered`` (the sum
     over the ranks of their own rows, MWMS: N x the longest's), or for summaries older than it, N x the
-    policy's ``rows_per_rank`` (the rows of whichever rank was read first)."""
+    policy's agreed rows, or the own rows of whichever rank was read first."""
     if policy.get("rows_gathered") is not None:
         return int(policy["rows_gathered"])
-    rows = policy.get("rows_per_rank")
+    rows = policy.get("agreed_rows") if policy.get("agreed_rows") is not None else policy.get("local_rows")
     return None if rows is None else world_size * rows
 
 

@@ -309,14 +309,16 @@ _WHY = {
 def gradient_fields(summary: RunSummary) -> dict[str, dict[str, Any]]:
     """Per IndexedSlices gradient of one run, what prediction needs, None where the run did not know it:
     ``rows_per_rank`` the largest rank's rows (what every added rank is assumed to bring; summaries
-    older than ``rows_largest_rank`` give their ``rows_per_rank``), the sizes of the formula, U (the
+    older than ``rows_largest_rank`` give the agreed rows, else the first policy record's own), the sizes of the formula, U (the
     most distinct rows any rank measured at any step; older summaries have none) and, for the
     report, every rank's rows and the rows gathered."""
     distinct = {d["name"]: d["distinct_rows_max"] for d in summary.get("distinct_rows", [])}
     fields = {}
     for p in summary.get("policy", []):
         largest = p.get("rows_largest_rank")
-        fields[p["name"]] = {"rows_per_rank": p.get("rows_per_rank") if largest is None else largest,
+        if largest is None:
+            largest = p.get("agreed_rows") if p.get("agreed_rows") is not None else p.get("local_rows")
+        fields[p["name"]] = {"rows_per_rank": largest,
                              **{k: p.get(k) for k in _SIZES}, "distinct_rows": distinct.get(p["name"]),
                              "own_rows_by_rank": p.get("own_rows_by_rank"), "rows_gathered": p.get("rows_gathered"),
                              "rows_from": p.get("rows_from"), "world_size": summary.get("world_size")}

@@ -94,7 +94,7 @@ def verdict(result: Comparison) -> Text:
         d = t.get("dedup")
         if d:
             text.append(f"  {short_name(t['name'], scope)} merged (dedup, N={d['world_size']}): "
-                        f"{d['distinct_rows_min']}-{d['distinct_rows_max']} distinct of {d['rows_per_rank']} rows "
+                        f"{d['distinct_rows_min']}-{d['distinct_rows_max']} distinct of {d['rows_largest_rank']} rows "
                         f"per rank, gathered {format_bytes(d['gathered_bytes'])}")
             if d.get("bytes_saved") is not None:
                 text.append(f" ({format_bytes(d['bytes_saved'])} less than unmerged)")

@@ -294,7 +294,7 @@ def guard_outgrown(d: dict[str, Any], policy: PolicySummary | None) -> str | Non
     """auto decided from the first step's U times the guard: say so when a later U went beyond it."""
     from memdiag.policy import guarded_distinct_rows
 
-    distinct, rows = (policy.get("distinct_rows"), policy.get("rows_per_rank")) if policy else (None, None)
+    distinct, rows = (policy.get("distinct_rows"), policy.get("agreed_rows")) if policy else (None, None)
     if not policy or policy.get("mode") != "auto" or distinct is None or rows is None:
         return None
     planned = guarded_distinct_rows(distinct, rows, policy.get("dedup_guard") or 1.0)

@@ -172,7 +172,7 @@ def test_ranks_with_batches_straddling_the_crossover_take_the_same_path(style, r
     assert [p["local_rows"] for p in policies] == [28, 29]
     # the same decision on both ranks, from the larger row count: 2 x 29 x (32 + 4) B > 64 x 8 x 4 B
     assert [p["decision"] for p in policies] == ["dense", "dense"]
-    assert [p["rows_per_rank"] for p in policies] == [29, 29] and policies[0]["gathered_bytes"] == 2088
+    assert [p["agreed_rows"] for p in policies] == [29, 29] and policies[0]["gathered_bytes"] == 2088
     for rank in (0, 1):
         ops = {r["op"] for r in read_records(out / f"rank-{rank}.jsonl") if r["type"] == "collective"}
         assert ops == {"allreduce"}

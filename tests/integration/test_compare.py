@@ -47,7 +47,7 @@ def test_compare_writes_rows_growth_and_correctness(comparison):
     assert "source_embedding" in tensor["name"] and tensor["auto_decision"] in ("sparse", "dedup", "dense")
     # merging gathered fewer bytes than the allgather of every row, and its cost was measured
     dedup = tensor["dedup"]
-    assert dedup["distinct_rows_max"] < dedup["rows_per_rank"] == rows
+    assert dedup["distinct_rows_max"] < dedup["rows_largest_rank"] == rows
     assert 0 < dedup["gathered_bytes"] < dedup["unmerged_gathered_bytes"] and dedup["merge_s_median"] > 0
     for text in ("Per rank count and mode", "Growth per added rank", "peak RSS per rank", "Correctness PASSED"):
         assert text in result.stdout

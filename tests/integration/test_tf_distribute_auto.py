@@ -76,7 +76,7 @@ def _check_policy(out, policy, rank, n, mode, decision):
     assert policy["engine"] == "tf-distribute" and policy["mode"] == mode
     assert policy["decision"] == decision and policy["world_size"] == n
     assert policy["local_rows"] == 1000 + 500 * rank
-    assert policy["rows_per_worker"] == ROWS[n] and policy["rows_per_rank"] == max(ROWS[n])
+    assert policy["rows_per_worker"] == ROWS[n] and policy["agreed_rows"] == max(ROWS[n])
     assert policy["gathered_bytes"] == GATHERED[n] and policy["padding_bytes"] == PADDING[n]
     assert policy["dense_bytes"] == TABLE
 

@@ -1,3 +1,5 @@
+import json
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -94,3 +96,18 @@ def test_the_samplers_cost_reaches_the_summary_and_the_report_names_the_costlies
     assert line is not None and "0.30 s of CPU on rank 1 (7.5% of a core over its 4.0 s" in line
     # a run from before the field (no sampler_cpu_s in its end records) has no line
     assert sampler_cost_line({"ranks": [{**r, "sampler_cpu_s": None} for r in s["ranks"]]}) is None
+
+
+def test_a_policy_record_written_before_agreed_rows_reads_as_the_rank_own_or_the_agreed_rows():
+    # GIVEN policy records as ranks wrote them before agreed_rows: rows_per_rank was the agreed maximum
+    # in auto (and under MultiWorkerMirroredStrategy, which names its engine) and the rank's own rows elsewhere
+    old = [{"type": "policy", "rank": 1, "t": 1.0, "name": "a", "mode": "auto", "local_rows": 2000, "rows_per_rank": 5000},
+           {"type": "policy", "rank": 1, "t": 1.0, "name": "b", "mode": "sparse", "rows_per_rank": 2000},
+           {"type": "policy", "rank": 1, "t": 1.0, "name": "c", "mode": "dense", "engine": "tf-distribute",
+            "local_rows": 2000, "rows_per_rank": 5000}]
+    # WHEN they are read
+    policies = {p["name"]: p for p in parse_records([json.dumps(r) for r in old], 1).policies}
+    # THEN each says which rows are whose, and the old name is gone
+    assert {name: (p.get("local_rows"), p.get("agreed_rows")) for name, p in policies.items()} == \
+        {"a": (2000, 5000), "b": (2000, None), "c": (2000, 5000)}
+    assert not any("rows_per_rank" in p for p in policies.values())

@@ -66,7 +66,7 @@ def write_run(path: Path, n: int, engine: str, mode: str, peak_mib: int, uneven:
         writer.add({"type": "start", "t": 1.0, "size": n, "host": "h", "versions": {"tensorflow": "2.15.1"}})
         policy = {"type": "policy", "t": 1.5, "step": -1, "name": EMB, "mode": mode,
                   "decision": "dense" if dense else "sparse", "reason": f"mode {mode}", "world_size": n,
-                  "local_rows": rows[rank], "rows_per_rank": most, "row_bytes": ROW_BYTES,
+                  "local_rows": rows[rank], "agreed_rows": most, "row_bytes": ROW_BYTES,
                   "index_bytes": INDEX_BYTES, "dense_rows": VOCAB, "row_elements": WIDTH,
                   "dense_bytes": VOCAB * ROW_BYTES}
         if engine == TFD:

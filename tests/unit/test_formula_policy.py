@@ -146,7 +146,7 @@ def test_a_tf_distribute_decision_records_every_workers_rows_and_the_padding():
                 rows_per_worker=(1000, 1500, 2000, 2500), engine="tf-distribute")
     record = d.as_record()
     assert record["engine"] == "tf-distribute" and record["rows_per_worker"] == [1000, 1500, 2000, 2500]
-    assert record["rows_per_rank"] == 2500 and record["local_rows"] == 1000 and record["rows_total"] == 7000
+    assert record["agreed_rows"] == 2500 and record["local_rows"] == 1000 and record["rows_total"] == 7000
     assert record["gathered_bytes"] == 4 * 2500 * 1028 == 10_280_000
     assert record["padding_bytes"] == 3000 * 1028 == 3_084_000
     assert record["dense_bytes"] == 5000 * 1024 == 5_120_000

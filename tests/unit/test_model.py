@@ -8,7 +8,7 @@ ROWS, ROW_BYTES, INDEX, DENSE_ROWS, WIDTH = 1000, 400, 4, 500, 100
 
 
 def summary(n: int, mode: str, peak: float, dense_rows: int = DENSE_ROWS) -> dict:
-    shape = dict(rows_per_rank=ROWS, row_bytes=ROW_BYTES, index_bytes=INDEX, dense_rows=dense_rows,
+    shape = dict(local_rows=ROWS, row_bytes=ROW_BYTES, index_bytes=INDEX, dense_rows=dense_rows,
                  row_elements=WIDTH)
     gathered = n * ROWS * (ROW_BYTES + INDEX)
     return {
@@ -71,7 +71,7 @@ def test_budget_and_32_bit_count_limit():
 
 def tensor(name: str, rows: int, dense_rows: int, reduce_op: str | None = None, row_bytes: int = ROW_BYTES,
            index_bytes: int = INDEX) -> dict:
-    entry = {"name": name, "rows_per_rank": rows, "row_bytes": row_bytes, "index_bytes": index_bytes,
+    entry = {"name": name, "local_rows": rows, "row_bytes": row_bytes, "index_bytes": index_bytes,
              "dense_rows": dense_rows, "row_elements": row_bytes // 4}
     if reduce_op is not None:
         entry["reduce_op"] = reduce_op
@@ -257,7 +257,7 @@ def test_merged_bytes_are_predicted_from_the_largest_distinct_rows_measured():
     # GIVEN the reference embedding (T = 5000 rows of 4096 + 4 bytes, table 33945 rows) whose runs
     # recorded 1568-1663 distinct rows per rank
     def run(n: int, mode: str) -> dict:
-        shape = dict(rows_per_rank=5000, row_bytes=4096, index_bytes=4, dense_rows=33945, row_elements=1024)
+        shape = dict(local_rows=5000, row_bytes=4096, index_bytes=4, dense_rows=33945, row_elements=1024)
         return {"world_size": n, "mode": mode, "peak_rss_bytes_max": 1e9, "ranks": [],
                 "policy": [{"name": "emb", "decision": "sparse", **shape}],
                 "distinct_rows": [{"name": "emb", "rows_max": 5000, "distinct_rows_min": 1568,

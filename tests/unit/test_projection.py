@@ -152,7 +152,7 @@ def _summary(world_size=2, policy=True):
         {"name": "m/kernel:0", "op": "allreduce", "part": None, "sparse": False, "densified": False,
          "bytes_in_per_rank": 4096, "rows_in": 32, "calls_per_step": 1.0, "dtype": "float32"},
     ]
-    shape = {"rows_per_rank": 100, "row_bytes": 4000, "index_bytes": 4, "dense_rows": 10000, "row_elements": 1000}
+    shape = {"local_rows": 100, "row_bytes": 4000, "index_bytes": 4, "dense_rows": 10000, "row_elements": 1000}
     return {"world_size": world_size, "collectives": collectives,
             "policy": [{"name": "m/emb:0", "decision": "sparse", **shape}] if policy else []}
 
@@ -171,7 +171,7 @@ def test_base_from_summary_refuses_one_rank_and_unknown_shapes():
         model.base_from_summary(_summary(policy=False), "n2", 100, 0.5)
     # a policy record without rows (unknown when traced) and no record of them: the model's reason
     untraced = _summary()
-    untraced["policy"][0].update(rows_per_rank=None, rows_largest_rank=None)
+    untraced["policy"][0].update(local_rows=None, rows_largest_rank=None)
     with pytest.raises(UserError, match="rows per rank were unknown when the graph was traced"):
         model.base_from_summary(untraced, "n2", 100, 0.5)
 

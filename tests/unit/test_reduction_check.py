@@ -32,7 +32,7 @@ def test_records_without_against_are_dense_checks():
 def test_the_run_report_says_when_u_outgrew_the_guard_auto_decided_with():
     from memdiag.report.terminal import guard_outgrown
 
-    policy = {"mode": "auto", "decision": "dedup", "distinct_rows": 100, "rows_per_rank": 256, "dedup_guard": 1.25}
+    policy = {"mode": "auto", "decision": "dedup", "distinct_rows": 100, "agreed_rows": 256, "dedup_guard": 1.25}
     seen = {"name": "emb", "distinct_rows_max": 125}
     assert guard_outgrown(seen, policy) is None  # 100 x 1.25 = 125 planned
     warning = guard_outgrown({**seen, "distinct_rows_max": 126}, policy)

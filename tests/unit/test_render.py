@@ -186,6 +186,9 @@ def test_a_comparison_written_in_the_first_format_reads_and_renders_as_the_curre
     rows = rows_by_key(narrow(print_compare, read))
     for row in result["rows"]:
         assert_row(rows, (str(row["world_size"]), row["mode"]), format_bytes(row["steady_peak_rss_bytes_median"]))
+    # AND a merged tensor's rows, which format 1 named as a policy record named a rank's rows, are renamed
+    merged = rundir.upgrade_comparison({"tensors": [{"name": "t", "dedup": {"rows_per_rank": 5000}}]})
+    assert merged["tensors"][0]["dedup"] == {"rows_largest_rank": 5000} and merged["format"] == 2
     # AND a format this memdiag does not know is a one-line error that says what to do
     (tmp_path / "new").mkdir()
     (tmp_path / "new" / rundir.COMPARE_FILE).write_text(json.dumps({**result, "format": 99}))

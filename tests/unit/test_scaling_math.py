@@ -132,7 +132,7 @@ def _write_run(path: Path, n: int, throughput: float, steps: list[tuple[float, f
         collectives.append({"name": "m/emb:0", "op": "allgather", "part": "values", "sparse": True,
                             "densified": False, "bytes_in_per_rank": 40_000, "rows_in": 100,
                             "calls_per_step": 1.0, "dtype": "float32"})
-        policy.append({"name": "m/emb:0", "decision": "sparse", "rows_per_rank": 100, "row_bytes": 400,
+        policy.append({"name": "m/emb:0", "decision": "sparse", "local_rows": 100, "row_bytes": 400,
                        "index_bytes": 4, "dense_rows": 5000, "row_elements": 100})
     gather = 40_400 * n if sparse and n > 1 else 0
     reduce = 1_000_000 if n > 1 else 0

@@ -35,7 +35,7 @@ def test_the_record_has_the_agreed_rows_and_mwms_padded_bytes_on_every_worker(mo
         decision = hooks.decide("embeddings:0", _gradient(local))
         assert calls == [local] and decisions == [decision]
         record = decision.as_record()
-        assert record["rows_per_rank"] == 1500 and record["local_rows"] == local
+        assert record["agreed_rows"] == 1500 and "rows_per_rank" not in record and record["local_rows"] == local
         assert record["rows_per_worker"] == [1000, 1500] and record["rows_total"] == 2500
         assert record["gathered_bytes"] == 2 * 1500 * 1028 == 3_084_000  # not 2 x 1000 x 1028 on worker 0
         assert record["padding_bytes"] == 500 * 1028 == 514_000

@@ -92,8 +92,8 @@ def test_the_summary_keeps_every_ranks_rows_and_the_formula_equals_the_gathered_
     assert policy["rows_gathered"] == 7000 and policy["rows_largest_rank"] == 5000
     assert policy["rows_from"] == "trace"  # every rank's graph knew its rows
     assert policy["formula_gathered_bytes"] == 3_640_000
-    # the record's own figure stays as rank 0 wrote it (its 2000 rows)
-    assert policy["rows_per_rank"] == 2000
+    # the record's own figure stays as rank 0 wrote it (its 2000 rows); sparse agreed on nothing
+    assert policy["local_rows"] == 2000 and policy["agreed_rows"] is None
     for rank in summary["ranks"]:
         assert rank["allgather_bytes_per_step"] == 3_640_000 == policy["formula_gathered_bytes"]
 
@@ -172,7 +172,8 @@ def test_a_table_whose_rows_were_unknown_when_traced_is_predicted_from_the_recor
     sparse = compare.load_summary(str(uneven_run(tmp_path / "s", traced=False)))
     dense = compare.load_summary(str(uneven_run(tmp_path / "d", mode="dense", traced=False)))
     policy = policy_of(sparse)
-    assert policy["rows_per_rank"] is None and policy["rows_from"] == "records" and policy["shape_from"] == "records"
+    assert policy.get("local_rows") is None and policy.get("agreed_rows") is None
+    assert policy["rows_from"] == "records" and policy["shape_from"] == "records"
     assert (policy["row_bytes"], policy["index_bytes"], policy["row_elements"]) == (512, 8, 128)
     assert policy_of(dense)["dense_rows"] == 4000
     # WHEN predicted from both THEN the table is there, with the rows the sparse run recorded
@@ -221,7 +222,7 @@ def test_a_summary_written_before_the_rows_fields_is_still_read(tmp_path):
     policy = policy_of(summary)
     for key in ("own_rows_by_rank", "rows_gathered", "rows_largest_rank", "rows_from", "formula_gathered_bytes"):
         del policy[key]
-    # THEN its rows_per_rank (2000, rank 0's) is taken for every rank, as before
+    # THEN the rows of its policy record (2000, rank 0's own) are taken for every rank, as before
     assert build_model([summary]).gathered_bytes("sparse", 4) == 4 * 2000 * 520
     assert compare.predicted_gathered(summary, 2) == 2 * 2000 * 520
     assert compare.most_terms(summary, 2) == 4000
