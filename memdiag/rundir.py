@@ -162,7 +162,8 @@ def read_comparison(path: str) -> Comparison | EnginesComparison:
 def read_summary(run_dir: str) -> RunSummary:
     """A run directory's ``summary.json``: as memdiag.analyze.summary.summarize wrote it."""
     summary = read_json(os.path.join(run_dir, SUMMARY))
-    for entry in summary.get("policy") or [] if isinstance(summary, dict) else []:
+    policies = summary.get("policy") if isinstance(summary, dict) else None
+    for entry in policies if isinstance(policies, list) else []:
         if isinstance(entry, dict):
             upgrade_policy(entry)  # written before agreed_rows
     return cast(RunSummary, summary)
