@@ -27,7 +27,7 @@ import re
 import resource
 import tempfile
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -122,7 +122,7 @@ class Attribution:
         return {"ranks": [asdict(r) for r in self.ranks], "warnings": list(self.warnings)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Attribution:
+    def from_dict(cls, data: Mapping[str, Any]) -> Attribution:
         ranks = []
         for r in data.get("ranks", []):
             groups = tuple(
