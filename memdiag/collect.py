@@ -29,6 +29,7 @@ from memdiag._errors import UserError
 from memdiag.recordformat import VARYING_FIELDS, SeriesPolicy, mem_aggregates, upgrade_policy
 from memdiag.rundir import MPIRUN_LOG, RANK_FILE, RANK_GLOB, RUN_MANIFEST
 from memdiag.schema import (
+    CollectiveRecord,
     EndRecord,
     KilledRecord,
     MemRecord,
@@ -43,7 +44,7 @@ _NO_TIME = math.nan
 _WHOLE = -1  # a record kept as it was read (fields missing or of unexpected types)
 
 
-class CollectiveLog(Sequence[dict[str, Any]]):
+class CollectiveLog(Sequence[CollectiveRecord]):
     """One rank's collective records in file order, held compactly.
 
     A record's kind (every field but the step, the time, the shapes and the bytes) and its shapes are
@@ -53,7 +54,7 @@ class CollectiveLog(Sequence[dict[str, Any]]):
     unexpected type) is kept as it was read.
     """
 
-    def __init__(self, records: Iterable[dict[str, Any]] = ()) -> None:
+    def __init__(self, records: Iterable[Mapping[str, Any]] = ()) -> None:
         self._statics: list[dict[str, Any]] = []
         self._static_index: dict[Hashable, int] = {}
         self._shapes: list[tuple[tuple[int, ...], tuple[int, ...], int, int]] = []
@@ -69,7 +70,7 @@ class CollectiveLog(Sequence[dict[str, Any]]):
             self.append(record)
 
     # -- building --------------------------------------------------------------------------------
-    def append(self, record: dict[str, Any]) -> None:
+    def append(self, record: Mapping[str, Any]) -> None:
         """Add one collective record (a dict as written by a rank)."""
         self._append_own(dict(record))
 
@@ -175,12 +176,12 @@ class CollectiveLog(Sequence[dict[str, Any]]):
         return len(self._kind)
 
     @overload
-    def __getitem__(self, index: int) -> dict[str, Any]: ...
+    def __getitem__(self, index: int) -> CollectiveRecord: ...
 
     @overload
-    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+    def __getitem__(self, index: slice) -> list[CollectiveRecord]: ...
 
-    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+    def __getitem__(self, index: int | slice) -> CollectiveRecord | list[CollectiveRecord]:
         if isinstance(index, slice):
             return [self._record(i) for i in range(*index.indices(len(self)))]
         if index < 0:
@@ -189,7 +190,7 @@ class CollectiveLog(Sequence[dict[str, Any]]):
             raise IndexError("collective record index out of range")
         return self._record(index)
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[CollectiveRecord]:
         for i in range(len(self._kind)):
             yield self._record(i)
 
@@ -203,11 +204,11 @@ class CollectiveLog(Sequence[dict[str, Any]]):
     def __repr__(self) -> str:
         return f"CollectiveLog({len(self)} records of {len(self._statics)} kinds)"
 
-    def _record(self, i: int) -> dict[str, Any]:
+    def _record(self, i: int) -> CollectiveRecord:
         kind = self._kind[i]
         if kind == _WHOLE:
-            return self._whole[i]
-        record = dict(self._statics[kind])
+            return cast(CollectiveRecord, self._whole[i])
+        record = cast(CollectiveRecord, dict(self._statics[kind]))
         record["step"] = self._step[i]
         t = self._t[i]
         if t == t:  # not NaN: the record had a time

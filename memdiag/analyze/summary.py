@@ -85,11 +85,11 @@ def _agent_wall(records: RankRecords) -> float | None:
     return end - start if isinstance(start, (int, float)) and isinstance(end, (int, float)) else None
 
 
-def _log(collectives: Sequence[dict[str, Any]]) -> CollectiveLog:
+def _log(collectives: Sequence[Mapping[str, Any]]) -> CollectiveLog:
     return collectives if isinstance(collectives, CollectiveLog) else CollectiveLog(collectives)
 
 
-def _bytes_per_op(collectives: Sequence[dict[str, Any]], step_ids: set[int]) -> dict[str, int]:
+def _bytes_per_op(collectives: Sequence[Mapping[str, Any]], step_ids: set[int]) -> dict[str, int]:
     """Bytes received per op over the collectives of the steps ``step_ids``."""
     log = _log(collectives)
     kind, step, _, bytes_out = log.columns()
@@ -249,6 +249,7 @@ def collective_summary(run: Run) -> list[CollectiveSummary]:
     for (name, op, part), group in groups.items():
         rank, position = group.last
         last = _log(run.ranks[rank].collectives)[position]
+        shape_in, shape_out = last.get("shape_in"), last.get("shape_out")
         entries.append({
             "name": name,
             "op": op,
@@ -259,10 +260,10 @@ def collective_summary(run: Run) -> list[CollectiveSummary]:
             "reduce_op": last.get("reduce_op"),
             "process_set_size": last.get("process_set_size"),
             "dtype": last.get("dtype"),
-            "shape_in": last.get("shape_in"),
-            "shape_out": last.get("shape_out"),
-            "rows_in": (last.get("shape_in") or [None])[0],
-            "rows_out": (last.get("shape_out") or [None])[0],
+            "shape_in": shape_in,
+            "shape_out": shape_out,
+            "rows_in": shape_in[0] if shape_in else None,
+            "rows_out": shape_out[0] if shape_out else None,
             "bytes_in_per_rank": group.bytes_in_max,
             "bytes_out_per_rank": group.bytes_out_max,
             "bytes_out_mean": group.bytes_out_sum / group.calls,
