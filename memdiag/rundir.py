@@ -159,13 +159,27 @@ def read_comparison(path: str) -> Comparison | EnginesComparison:
     return cast(Comparison | EnginesComparison, upgrade_comparison(result))
 
 
+# summary.json's format: 2 gives a policy entry's rows as agreed_rows and local_rows; 1 (no "format" field)
+# gave rows_per_rank, the agreed rows in auto and a rank's own elsewhere. read_summary reads both.
+SUMMARY_FORMAT = 2
+
+
 def read_summary(run_dir: str) -> RunSummary:
-    """A run directory's ``summary.json``: as memdiag.analyze.summary.summarize wrote it."""
-    summary = read_json(os.path.join(run_dir, SUMMARY))
-    policies = summary.get("policy") if isinstance(summary, dict) else None
-    for entry in policies if isinstance(policies, list) else []:
-        if isinstance(entry, dict):
-            upgrade_policy(entry)  # written before agreed_rows
+    """A run directory's ``summary.json`` in the current format (an older one converted)."""
+    file = os.path.join(run_dir, SUMMARY)
+    summary = read_json(file)
+    if not isinstance(summary, dict):
+        raise UserError(f"{file} is not a run's summary; the directory is damaged")
+    version = summary.get("format", 1)
+    if not isinstance(version, int) or not 1 <= version <= SUMMARY_FORMAT:
+        raise UserError(f"{file} has format {version!r}, which this memdiag does not know; "
+                        f"read it with the memdiag that wrote it (this one reads formats 1-{SUMMARY_FORMAT})")
+    if version < 2:
+        policies = summary.get("policy")
+        for entry in policies if isinstance(policies, list) else []:
+            if isinstance(entry, dict):
+                upgrade_policy(entry)
+    summary["format"] = SUMMARY_FORMAT
     return cast(RunSummary, summary)
 
 

@@ -394,6 +394,7 @@ class StepDetail(TypedDict):
 class RunSummary(TypedDict, total=False):
     """``summary.json``: one run's figures (memdiag.analyze.summary.summarize; docs/reference/report-fields.md)."""
 
+    format: int  # memdiag.rundir.SUMMARY_FORMAT
     workload: str | None
     script: str | None
     preset: str | None

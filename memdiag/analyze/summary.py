@@ -560,6 +560,7 @@ def summarize(run: Run) -> RunSummary:
                      for rec in records.other if rec.get("type") == kind}
               for kind in ("params_initial", "params_final")}
     summary: RunSummary = {
+        "format": rundir.SUMMARY_FORMAT,
         "workload": m.get("workload"),
         "script": m.get("script"),
         "preset": m.get("preset"),

@@ -111,3 +111,27 @@ def test_a_policy_record_written_before_agreed_rows_reads_as_the_rank_own_or_the
     assert {name: (p.get("local_rows"), p.get("agreed_rows")) for name, p in policies.items()} == \
         {"a": (2000, 5000), "b": (2000, None), "c": (2000, 5000)}
     assert not any("rows_per_rank" in p for p in policies.values())
+
+
+def test_a_summary_of_the_first_format_reads_with_whose_rows_named_and_an_unknown_one_is_refused(tmp_path):
+    # GIVEN summary.json as format 1 wrote it (no format field; rows_per_rank: in auto the agreed rows)
+    import pytest
+
+    from memdiag._errors import UserError
+    from memdiag.rundir import SUMMARY, SUMMARY_FORMAT, read_summary
+
+    old = {"world_size": 2, "policy": [{"name": "a", "mode": "auto", "local_rows": 2000, "rows_per_rank": 5000},
+                                       {"name": "b", "mode": "sparse", "rows_per_rank": 2000}]}
+    (tmp_path / SUMMARY).write_text(json.dumps(old))
+    # WHEN it is read, THEN it is in the current format, each rows figure named for whose it is
+    summary = read_summary(str(tmp_path))
+    assert summary["format"] == SUMMARY_FORMAT == 2
+    assert [(p.get("local_rows"), p.get("agreed_rows"), "rows_per_rank" in p) for p in summary["policy"]] == \
+        [(2000, 5000, False), (2000, None, False)]
+    # AND a summary written by what this memdiag does not know is refused in one line
+    (tmp_path / SUMMARY).write_text(json.dumps({**old, "format": 7}))
+    with pytest.raises(UserError, match="format 7.*read it with the memdiag that wrote it"):
+        read_summary(str(tmp_path))
+    # AND what summarize writes now carries the current format
+    run = make_run(tmp_path / "run")
+    assert summarize(load_run(str(run)))["format"] == SUMMARY_FORMAT
