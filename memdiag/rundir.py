@@ -148,15 +148,21 @@ _OLD_ROW_PEAK, _ROW_PEAK = "peak_rss_bytes_max", "steady_peak_rss_bytes_median"
 
 def read_comparison(path: str) -> Comparison | EnginesComparison:
     """A comparison directory's ``compare.json`` in the current format (an older one converted)."""
-    file = os.path.join(path, COMPARE_FILE)
-    result = read_json(file)
-    if not isinstance(result, dict):
-        raise UserError(f"{file} is not a comparison's result; the directory is damaged")
-    version = result.get("format", 1)
-    if not isinstance(version, int) or not 1 <= version <= COMPARE_FORMAT:
-        raise UserError(f"{file} has format {version!r}, which this memdiag does not know; "
-                        f"read it with the memdiag that wrote it (this one reads formats 1-{COMPARE_FORMAT})")
+    result, _ = _read_versioned(os.path.join(path, COMPARE_FILE), "a comparison's result", COMPARE_FORMAT)
     return cast(Comparison | EnginesComparison, upgrade_comparison(result))
+
+
+def _read_versioned(file: str, what: str, newest: int) -> tuple[dict[str, Any], int]:
+    """A JSON object with a ``format`` field (absent: 1) and its format; one that is not an object, or of
+    a format after ``newest``, is a one-line error."""
+    value = read_json(file)
+    if not isinstance(value, dict):
+        raise UserError(f"{file} is not {what}; the directory is damaged")
+    version = value.get("format", 1)
+    if not isinstance(version, int) or not 1 <= version <= newest:
+        raise UserError(f"{file} has format {version!r}, which this memdiag does not know; "
+                        f"read it with the memdiag that wrote it (this one reads formats 1-{newest})")
+    return value, version
 
 
 # summary.json's format: 2 gives a policy entry's rows as agreed_rows and local_rows; 1 (no "format" field)
@@ -166,14 +172,7 @@ SUMMARY_FORMAT = 2
 
 def read_summary(run_dir: str) -> RunSummary:
     """A run directory's ``summary.json`` in the current format (an older one converted)."""
-    file = os.path.join(run_dir, SUMMARY)
-    summary = read_json(file)
-    if not isinstance(summary, dict):
-        raise UserError(f"{file} is not a run's summary; the directory is damaged")
-    version = summary.get("format", 1)
-    if not isinstance(version, int) or not 1 <= version <= SUMMARY_FORMAT:
-        raise UserError(f"{file} has format {version!r}, which this memdiag does not know; "
-                        f"read it with the memdiag that wrote it (this one reads formats 1-{SUMMARY_FORMAT})")
+    summary, version = _read_versioned(os.path.join(run_dir, SUMMARY), "a run's summary", SUMMARY_FORMAT)
     if version < 2:
         policies = summary.get("policy")
         for entry in policies if isinstance(policies, list) else []:
