@@ -96,8 +96,11 @@ def diagnose(run: Run) -> dict[str, Any] | None:
         }
     errors = {rank: r.end.get("error") for rank, r in run.ranks.items() if r.end and r.end.get("status") != "ok"}
     if errors:
-        rank, error = min(errors.items())
-        last_line = (error or "").strip().splitlines()[-1] if error else "unknown error"
+        # memdiag's own diagnosis first: a rank that could not agree with the others names the cause,
+        # which the others only see as a collective that failed or Horovod shut down.
+        agreeing = {r: e for r, e in errors.items() if e and "AgreementError" in e}
+        rank, error = min((agreeing or errors).items())
+        last_line = error.strip().splitlines()[-1].strip() if error and error.strip() else "unknown error"
         return {"kind": "error", "headline": f"rank {rank} failed: {last_line}"}
     if m.get("status") not in (None, "ok", "running"):
         dead = [rank for rank, r in run.ranks.items() if r.end is None]

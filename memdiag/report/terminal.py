@@ -172,8 +172,9 @@ def footer(summary: RunSummary) -> Text:
     for r in summary["ranks"]:
         error = r.get("error")
         if error and not (failure and failure["kind"] == "error" and f"rank {r['rank']} " in failure["headline"]):
-            last_line = error.strip().splitlines()[-1]
-            text.append(f"rank {r['rank']} failed after step {r['last_step']}: {last_line}\n", style="red")
+            last_line = error.strip().splitlines()[-1].strip()
+            when = "before its first step" if r["last_step"] is None else f"after step {r['last_step']}"
+            text.append(f"rank {r['rank']} failed {when}: {last_line}\n", style="red")
     own = sampler_cost_line(summary)
     if own:
         text.append(own + "\n", style="dim")

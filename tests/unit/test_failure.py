@@ -31,3 +31,29 @@ def test_a_wait_that_completed_is_not_a_hang():
     assert still_waiting(parse_records([earlier, wait, done], 1)) is None
     assert still_waiting(parse_records([earlier, wait, other], 1))["name"] == "grad_a"
     assert still_waiting(parse_records([earlier], 1)) is None
+
+
+def test_a_rank_that_could_not_agree_is_the_headline_not_the_rank_that_saw_horovod_shut_down(tmp_path):
+    import json
+
+    from memdiag.analyze.failure import diagnose
+    from memdiag.collect import load_run
+    from tests.unit.fake_run import make_run
+
+    # GIVEN a run whose rank 0 failed in a collective because rank 1 gave up agreeing (its cause)
+    run_dir = make_run(tmp_path / "run", steps=1)
+    errors = {0: "Traceback ...\n  HorovodInternalError: Horovod has been shut down.\n   [[{{node second}}]]",
+              1: "Traceback ...\n    AgreementError: rank 1: the other ranks did not agree on 'traced/x' ...\n"}
+    for rank, error in errors.items():
+        with (run_dir / f"rank-{rank}.jsonl").open("a") as f:
+            f.write(json.dumps({"type": "end", "rank": rank, "status": "error", "error": error}) + "\n")
+    # THEN the headline is rank 1's, its last line without the traceback's indentation
+    failure = diagnose(load_run(str(run_dir)))
+    assert failure == {"kind": "error", "headline": "rank 1 failed: AgreementError: rank 1: the other ranks did "
+                                                    "not agree on 'traced/x' ..."}
+    # AND without an AgreementError, the lowest failed rank's
+    errors[1] = "Traceback ...\nValueError: bad batch"
+    for rank in (0, 1):
+        with (run_dir / f"rank-{rank}.jsonl").open("a") as f:
+            f.write(json.dumps({"type": "end", "rank": rank, "status": "error", "error": errors[rank]}) + "\n")
+    assert diagnose(load_run(str(run_dir)))["headline"] == "rank 0 failed: [[{{node second}}]]"
