@@ -46,6 +46,9 @@ class AgentConfig:
     threads_per_rank: int | None
     max_warmup: int  # built-in workloads: extra steps allowed until the per-step peak settles
     engine: str  # one of ENGINES: what reduces the gradients (Horovod, or TensorFlow's own strategy)
+    # wall-clock time (epoch s) past which no agreement between ranks waits (memdiag.agreement.run_deadline);
+    # None: the run has no time limit
+    agree_until: float | None
 
     @property
     def is_script(self) -> bool:

@@ -5,28 +5,33 @@ gradient (its rows T and, where the indices are concrete, its distinct rows U), 
 the ranks, keeps each tensor's decision (made once, at the first step, for the whole job) and converts:
 densifies, or merges duplicate rows (:func:`merge_duplicates`).
 
-Agreement: in ``auto`` every rank contributes its row count to one max-allreduce (8 bytes, through
-Horovod's own op, on the gradient's process set) the first time a tensor is seen, so every rank decides
-from the same, largest, row count and issues the same collective. It runs eagerly even while a
-``tf.function`` is being traced (``tf.init_scope``), which every rank does at its first step.
+Agreement (:mod:`memdiag.agreement`): in ``auto`` every rank contributes its rows and distinct rows
+to one exchange (Horovod's allgather, on the gradient's process set, by default) the first time a
+tensor is seen, so every rank decides from the same, largest, figures and issues the same collective.
+It runs eagerly even while a ``tf.function`` is being traced, which every rank does at its first step.
+The new tensors of one reduction are agreed in the order of their names, so ranks that list the same
+gradients in different orders still agree.
 """
 
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
+from memdiag import agreement
+from memdiag.agreement import UNKNOWN
 from memdiag.formula import SparseGradientShape
 from memdiag.graphcalls import host_call
 from memdiag.policy import Decision, decide
 
-UNKNOWN_ROWS = -1
+UNKNOWN_ROWS = UNKNOWN
+# agree(key, values, process_set) -> every rank's values, in rank order (memdiag.agreement.Agreement.gather)
+Agree = Callable[[str, tuple[int, ...], Any], Sequence[Sequence[int]]]
 
 
 def merge_duplicates(grad: tf.IndexedSlices, drop: bool = False) -> tf.IndexedSlices:
@@ -58,14 +63,14 @@ class DensifyPolicy:
         world_size: Callable[[], int] | None = None,
         on_decision: Callable[[Decision], None] | None = None,
         fault: str | None = None,
-        agree: Callable[[int, Any, str], int] | None = None,
+        agree: Agree | None = None,
     ) -> None:
         self.mode = mode
         self.margin = margin
         self.world_size = world_size
         self.on_decision = on_decision
         self.fault = fault
-        self.agree = agree if agree is not None else agree_max_rows
+        self.agree = agree if agree is not None else agree_horovod
         self.decisions: dict[str, Decision] = {}
         self._flags: dict[str, Any] = {}  # auto's decisions made when the first step ran, as variables
 
@@ -86,10 +91,23 @@ class DensifyPolicy:
                 self.on_decision(decision)
         return self.decisions[name]
 
+    def decide_in_name_order(self, items: list[tuple[str, Any, Any]], script_densifies: bool = False,
+                             process_set: Any = None, run_time_ok: bool = True) -> None:
+        """Decide for the new IndexedSlices of ``items`` (name, gradient, variable), in the order of
+        their names: each decision is agreed across the ranks, in the order they ask, so a rank that
+        lists the same gradients in another order still agrees with the others. Those decided when the
+        step runs (``run_time_ok`` and :meth:`needs_run_time`) are left to the run."""
+        fresh = sorted((name, i) for i, (name, grad, var) in enumerate(items)
+                       if isinstance(grad, tf.IndexedSlices) and name not in self.decisions
+                       and not (run_time_ok and self.needs_run_time(grad, var, process_set, name)))
+        for name, i in fresh:
+            _, grad, var = items[i]
+            self.decide(name, grad, var, script_densifies, process_set)
+
     def _decide_shape(self, name: str, shape: SparseGradientShape | None, local_distinct: int | None,
                       script_densifies: bool, process_set: Any, world: int | None = None) -> Decision:
         """The decision from this rank's sizes, agreed in ``auto`` (the largest rows and distinct rows
-        of any rank: a max-allreduce each)."""
+        of any rank, agreed in one exchange)."""
         if world is None:
             world = _set_size(process_set) if process_set is not None or self.world_size is None \
                 else self.world_size()
@@ -97,11 +115,15 @@ class DensifyPolicy:
         if shape is not None and local_distinct is not None:
             shape = replace(shape, distinct_rows=local_distinct)
         if self.mode == "auto" and world > 1:
-            # Every rank takes part, known rows or not, so nobody waits alone.
-            rows = self.agree(UNKNOWN_ROWS if local_rows is None else local_rows, process_set, name)
-            shape = None if shape is None or rows == UNKNOWN_ROWS else replace(shape, rows_per_rank=rows)
+            # Every rank takes part, known rows or not, so nobody waits alone: rows and distinct rows in
+            # one exchange; the largest of each (distinct rows only where every rank knows its own).
+            everyone = self.agree(f"rows/{name}", (UNKNOWN if local_rows is None else local_rows,
+                                                   UNKNOWN if local_distinct is None else local_distinct),
+                                  process_set)
+            rows = max(int(r[0]) for r in everyone)
+            distinct = None if any(int(r[1]) == UNKNOWN for r in everyone) else max(int(r[1]) for r in everyone)
+            shape = None if shape is None or rows == UNKNOWN else replace(shape, rows_per_rank=rows)
             if local_distinct is not None:
-                distinct = self.agree(local_distinct, process_set, name + ":distinct")
                 shape = None if shape is None else replace(shape, distinct_rows=distinct)
         return decide(self.mode, name, world, shape, self.margin, script_densifies, local_rows, local_distinct)
 
@@ -171,7 +193,8 @@ class DensifyPolicy:
                            count: Callable[[tf.IndexedSlices], None] | None = None) -> Any:
         """``auto`` in a graph, where the distinct rows U (and for a batch of unknown size the rows T)
         are only known when the step runs: at the first step every rank measures T and U, they agree
-        on the largest of each (one max-allreduce of the pair, on the gradient's process set), the
+        on the largest of each (one max-allreduce of the pair in the graph, on the gradient's process set:
+        :func:`memdiag.agreement.horovod_max_in_graph`), the
         policy decides, and the decision, kept in a variable, picks the branch of a ``tf.switch_case``
         at every step: allgather, merge then allgather, or dense allreduce. Every rank takes the same
         branch. ``allreduce(tensor, reduction)`` is the caller's reduction (Horovod's, with the job's op
@@ -185,8 +208,6 @@ class DensifyPolicy:
         (merging never gathers more than every row) and the branches return IndexedSlices. Where T is
         unknown until the step runs, a dense choice reaches the optimizer as IndexedSlices over every
         row."""
-        import horovod.tensorflow as hvd
-
         from memdiag.policy import REDUCTIONS
 
         shape = row_shape(grad, var)
@@ -200,7 +221,7 @@ class DensifyPolicy:
         dense_output = False
         static = sparse_shape(grad, var)
         if static is not None:
-            rows = self.agree(static.rows_per_rank, process_set, name + ":traced")
+            rows = max(int(r[0]) for r in self.agree(f"traced/{name}", (static.rows_per_rank,), process_set))
             dense_output = decide(self.mode, name, world, replace(static, rows_per_rank=rows, distinct_rows=None),
                                   self.margin, script_densifies).densify
 
@@ -213,8 +234,7 @@ class DensifyPolicy:
         def first_step() -> Any:
             rows = tf.stack([tf.shape(grad.values, out_type=tf.int64)[0],
                              tf.cast(distinct_rows(grad.indices), tf.int64)])
-            agreed = horovod_op("_allreduce")(rows, op=hvd.Max, process_set=process_set or hvd.global_process_set,
-                                              name="memdiag_agree_" + re.sub(r"[^A-Za-z0-9_.]", "_", name))
+            agreed = agreement.horovod_max_in_graph(f"run/{name}", rows, process_set)
             chosen = host_call(decide_now, [rows, agreed], Tout=tf.int64, name="memdiag_decide")
             chosen.set_shape([])
             return flag.assign(chosen, read_value=True)
@@ -259,6 +279,10 @@ class DensifyPolicy:
               script_densifies: bool = False) -> list[Any]:
         """Gradients with every IndexedSlices converted as the policy decides: densified, merged or kept."""
         out = list(grads)
+        names = [getattr(variables[i] if variables is not None else None, "name", None) or f"grad_{i}"
+                 for i in range(len(out))]
+        self.decide_in_name_order([(names[i], grad, variables[i] if variables is not None else None)
+                                   for i, grad in enumerate(out)], script_densifies, process_set, run_time_ok=False)
         for i, grad in enumerate(out):
             if isinstance(grad, tf.IndexedSlices):
                 var = variables[i] if variables is not None else None
@@ -267,31 +291,10 @@ class DensifyPolicy:
         return out
 
 
-def agree_max_rows(rows: int, process_set: Any, name: str) -> int:
-    """The largest of every rank's ``rows`` over ``process_set``: one eager max-allreduce.
-
-    Goes to Horovod's op underneath memdiag's recording hook (it is memdiag's, not the job's).
-    """
-    import horovod.tensorflow as hvd
-
-    process_set = process_set if process_set is not None else hvd.global_process_set
-    if _set_size(process_set) <= 1:
-        return rows
-    allreduce = horovod_op("_allreduce")
-    op_name = "memdiag_agree_" + re.sub(r"[^A-Za-z0-9_.]", "_", name)
-    with tf.init_scope():  # eager, even while a tf.function is traced
-        value = allreduce(tf.constant(rows, tf.int64), op=hvd.Max, process_set=process_set, name=op_name)
-        return int(value.numpy())
-
-
-def horovod_op(attr: str) -> Callable[..., Any]:
-    """Horovod's own op underneath memdiag's recording hook (for memdiag's own collectives)."""
-    import horovod.tensorflow.mpi_ops as mpi_ops
-
-    function = getattr(mpi_ops, attr)
-    while hasattr(function, "__wrapped__"):
-        function = function.__wrapped__
-    return cast(Callable[..., Any], function)
+def agree_horovod(key: str, values: tuple[int, ...], process_set: Any) -> Sequence[Sequence[int]]:
+    """Every rank's ``values`` over ``process_set`` (Horovod's global set for None), through the set's
+    :class:`memdiag.agreement.Agreement`."""
+    return agreement.for_horovod(process_set).gather(key, values)
 
 
 def process_set_size(process_set: Any) -> int | None:

@@ -30,12 +30,12 @@ tells what was chosen and why.
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from memdiag.agreement import Agreement, AgreementError, CoordinationTransport
 from memdiag.densify import UNKNOWN_ROWS, DensifyPolicy, row_shape, sparse_shape
 from memdiag.formula import padding_bytes
 from memdiag.policy import MODES, Decision, decide
@@ -121,42 +121,32 @@ def DistributedOptimizer(optimizer: Any, mode: str = "auto", margin: float = 1.0
 # -- MultiWorkerMirroredStrategy: a gradient transform, no Horovod ----------------------------------------
 
 MIRRORED_MODES = ("sparse", "dense", "auto")
-# How long a worker waits for the others' row counts before it gives up (they trace the same step at once).
+# How long a worker waits for the others' row counts (they trace the same step at once).
 AGREE_TIMEOUT_MS = 300_000
 _MIRRORED_REASONS = {
     "sparse": "mode sparse: MultiWorkerMirroredStrategy's gather, padded to the longest worker's rows",
     "dense": "mode dense: densified before MultiWorkerMirroredStrategy reduces it",
 }
-_AGREEMENTS = itertools.count()  # a job-wide sequence: every worker agrees in the same order
+_COORDINATION: list[Agreement] = []  # the workers' agreement through the coordination service, once made
 
 
 def agree_rows_coordination(key: str, rows: int) -> list[int]:
     """Every worker's ``rows`` (in task order, the same list on every worker) through the key-value store
-    of TensorFlow's coordination service, which MultiWorkerMirroredStrategy starts on every worker: each
-    publishes its own under ``key/TASK`` and reads every worker's (waiting until it is there). No MPI:
-    it works under any launcher. Called at trace time (plain Python, no op)."""
-    import tensorflow as tf
-    from tensorflow.python.eager import context
-
-    strategy = tf.distribute.get_strategy()
-    resolver = getattr(strategy, "cluster_resolver", None)
-    ctx = context.context()
-    if resolver is None or not ctx.coordination_service:
-        raise ValueError("densify_gradients: mode 'auto' agrees the rows through the coordination service of "
-                         "MultiWorkerMirroredStrategy; call it inside strategy.run of a MultiWorkerMirroredStrategy "
-                         "with a multi-worker TF_CONFIG, or use mode='dense'")
-    spec = resolver.cluster_spec()
-    tasks = [f"{job}:{i}" for job in ("chief", "worker") if job in spec.jobs for i in range(spec.num_tasks(job))]
-    ctx.set_config_key_value(f"{key}/{resolver.task_type}:{resolver.task_id}", str(int(rows)))
-    found = []
-    for task in tasks:
+    of TensorFlow's coordination service, which MultiWorkerMirroredStrategy starts on every worker
+    (:class:`memdiag.agreement.CoordinationTransport`: no MPI, it works under any launcher). Called at
+    trace time (plain Python, no op); every worker must ask for the same keys in the same order."""
+    if not _COORDINATION:
         try:
-            found.append(int(ctx.get_config_key_value(f"{key}/{task}", AGREE_TIMEOUT_MS)))
-        except tf.errors.OpError as error:
-            raise RuntimeError(f"densify_gradients: worker {task} gave no row count for {key} within "
-                               f"{AGREE_TIMEOUT_MS // 1000} s: every worker must call densify_gradients for the "
-                               f"same variables in the same order ({error.message})") from error
-    return found
+            transport = CoordinationTransport()
+        except ValueError:
+            raise ValueError("densify_gradients: mode 'auto' agrees the rows through the coordination service of "
+                             "MultiWorkerMirroredStrategy; call it inside strategy.run of a MultiWorkerMirroredStrategy "
+                             "with a multi-worker TF_CONFIG, or use mode='dense'") from None
+        _COORDINATION.append(Agreement(transport, AGREE_TIMEOUT_MS / 1000))
+    try:
+        return [r[0] for r in _COORDINATION[0].gather(key, (rows,))]
+    except AgreementError as error:
+        raise AgreementError(f"densify_gradients: {error}") from error
 
 
 class MirroredPolicy:
@@ -234,8 +224,7 @@ class MirroredPolicy:
             return replace(decision, mode="auto", engine="tf-distribute",
                            reason="auto: one replica, nothing is reduced: kept as IndexedSlices")
         # Every worker publishes, rows known or not, so that none waits alone; all then act on the same list.
-        rows = [int(r) for r in self._agree(f"memdiag/densify_gradients/{next(_AGREEMENTS)}/{name}",
-                                            UNKNOWN_ROWS if local is None else local)]
+        rows = [int(r) for r in self._agree(f"rows/{name}", UNKNOWN_ROWS if local is None else local)]
         if len(rows) != world:
             raise ValueError(f"densify_gradients: {len(rows)} workers for {world} replicas in sync: mode 'auto' "
                              f"supports one replica per worker; use mode='dense' or 'sparse'")

@@ -49,3 +49,74 @@ def undeclared_record_fields(run_dir: Path) -> dict[str, list[str]]:
             if fields:
                 found.setdefault(str(record.get("type")), set()).update(fields)
     return {kind: sorted(fields) for kind, fields in found.items()}
+
+
+class CannedTransport:
+    """A transport (memdiag.agreement) for one rank among others whose figures are given: every exchange
+    returns this rank's payload and, for each other rank, the same key digest with that rank's next
+    figures from ``others`` (rank -> list of tuples, one per exchange). ``sent`` keeps this rank's."""
+
+    def __init__(self, rank: int, others: dict[int, list[tuple[int, ...]]]) -> None:
+        self.rank, self.size = rank, len(others) + 1
+        self.others = {r: list(figures) for r, figures in others.items()}
+        self.sent: list[tuple[int, ...]] = []
+
+    def exchange(self, seq: int, payload: tuple[int, ...], timeout_s: float) -> list[tuple[int, ...]]:
+        self.sent.append(payload[1:])
+        return [payload if r == self.rank else (payload[0], *self.others[r][seq]) for r in range(self.size)]
+
+
+class ThreadRanks:
+    """``size`` ranks as threads of one process, exchanging through shared memory: transport(r) is rank
+    r's (memdiag.agreement's Transport). An exchange waits for every rank's payload of the same
+    sequence number, up to the deadline (TimeoutError past it)."""
+
+    def __init__(self, size: int) -> None:
+        import threading
+
+        self.size = size
+        self._cond = threading.Condition()
+        self._posted: dict[int, dict[int, tuple[int, ...]]] = {}
+
+    def transport(self, rank: int):
+        ranks = self
+
+        class _Transport:
+            def __init__(self) -> None:
+                self.rank, self.size = rank, ranks.size
+
+            def exchange(self, seq, payload, timeout_s):
+                with ranks._cond:
+                    ranks._posted.setdefault(seq, {})[rank] = payload
+                    ranks._cond.notify_all()
+                    if not ranks._cond.wait_for(lambda: len(ranks._posted[seq]) == ranks.size, timeout_s):
+                        raise TimeoutError
+                    return [ranks._posted[seq][r] for r in range(ranks.size)]
+
+        return _Transport()
+
+
+def run_ranks(size: int, body, timeout_s: float = 5.0):
+    """``body(rank, agreement)`` on ``size`` ranks, a thread each, agreeing through :class:`ThreadRanks`
+    (memdiag.agreement.Agreement with a deadline of ``timeout_s``): each rank's result or exception,
+    and the agreements."""
+    import threading
+
+    from memdiag.agreement import Agreement
+
+    ranks = ThreadRanks(size)
+    agreements = [Agreement(ranks.transport(r), timeout_s) for r in range(size)]
+    results: list = [None] * size
+
+    def run(r: int) -> None:
+        try:
+            results[r] = body(r, agreements[r])
+        except Exception as exc:  # noqa: BLE001 - the test reads it
+            results[r] = exc
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return results, agreements

@@ -44,6 +44,7 @@ from tensorflow.python.framework.func_graph import FuncGraph
 from memdiag import graphcalls
 from memdiag.agent import parameters
 from memdiag.agent.parameters import ParameterCapture
+from memdiag.agreement import AgreementError
 from memdiag.densify import DensifyPolicy, distinct_rows, process_set_size
 from memdiag.graphcalls import host_call
 from memdiag.policy import Decision
@@ -321,6 +322,8 @@ class CollectiveHooks:
             def allreduce_grads(grads, vars=None, use_generic_names=False):
                 try:
                     prepared = prepare(grads, vars)
+                except AgreementError:
+                    raise  # the ranks cannot issue the same collectives: the job must not go on
                 except Exception as exc:  # noqa: BLE001 - the reduction Horovod itself would have made
                     self._failed("label the gradients", exc)
                     return original(*args, **kwargs)(grads, vars, use_generic_names)
@@ -343,6 +346,13 @@ class CollectiveHooks:
                 grads = list(grads)
                 origins: dict[int, Origin] = {}
                 at_run_time: dict[int, tuple[tf.IndexedSlices, Any]] = {}
+                if self.policy.mode == "auto":
+                    # New tensors agreed in the order of their names, whatever order a rank lists them in.
+                    self.policy.decide_in_name_order(
+                        [(_var_name(vars[i]) if vars is not None and vars[i] is not None else f"grad_{i}", grad,
+                          vars[i] if vars is not None else None) for i, grad in enumerate(grads)],
+                        script_densifies, process_set,
+                        run_time_ok=reduce_op in ("average", "sum"))
                 for i, grad in enumerate(grads):
                     if grad is None:
                         continue
@@ -461,6 +471,8 @@ class CollectiveHooks:
                     origin = replace(origin, densified=decision.densify, merged=decision.merge)
                 sparse = isinstance(tensor, tf.IndexedSlices)
                 context = self._current([] if sparse else [origin], [origin] if sparse else [])
+            except AgreementError:
+                raise  # the ranks cannot issue the same collectives: the job must not go on
             except Exception as exc:  # noqa: BLE001 - Horovod's own call, as if unhooked
                 self._failed("label an allreduce", exc)
                 return original(given, *args, **kwargs)
@@ -490,6 +502,8 @@ class CollectiveHooks:
                         origin = replace(origin, densified=decision.densify, merged=decision.merge)
                     (sparse if isinstance(tensors[i], tf.IndexedSlices) else dense).append(origin)
                 context = self._current(dense, sparse)
+            except AgreementError:
+                raise  # the ranks cannot issue the same collectives: the job must not go on
             except Exception as exc:  # noqa: BLE001 - Horovod's own call, as if unhooked
                 self._failed("label a grouped allreduce", exc)
                 return original(given, *args, **kwargs)

@@ -46,6 +46,7 @@ import tensorflow as tf
 
 from memdiag import graphcalls
 from memdiag.agent.hooks import CollectiveHooks, Origin, _call_site, _static_shape, _var_name
+from memdiag.agreement import Agreement
 from memdiag.densify import UNKNOWN_ROWS, row_shape, sparse_shape
 from memdiag.formula import SparseGradientShape, padding_bytes
 from memdiag.graphcalls import host_call
@@ -88,14 +89,14 @@ class StrategyHooks(CollectiveHooks):
 
     def __init__(self, tracer: Any, mode: str, margin: float, world_size: Callable[[], int],
                  on_decision: Callable[[Any], None], initial_parameters: str | None = None,
-                 agree: Callable[[int], list[int]] | None = None, fault: str | None = None,
+                 agreement: Agreement | None = None, fault: str | None = None,
                  check_reduction: bool = False) -> None:
         def decided(decision: Any) -> None:
             on_decision(replace(decision, reason=REASONS.get(decision.mode, decision.reason)))
 
         super().__init__(tracer, mode, margin, world_size, decided, fault=fault, check_reduction=check_reduction,
                          initial_parameters=initial_parameters)
-        self._agree = agree  # tests: a stand-in for the MPI allgather of the rows
+        self.agreement = agreement  # every worker's rows (memdiag.agreement; the agent's is over MPI)
         self.on_strategy: Callable[[Any], None] | None = None  # called once, when the strategy is up
         self._lock = threading.RLock()
         self._labels: dict[int, StrategyOrigin] = {}  # id(value) -> label, for one reduction
@@ -294,7 +295,7 @@ class StrategyHooks(CollectiveHooks):
         world = self.world_size()
         shape = sparse_shape(grad, variable)
         local = UNKNOWN_ROWS if shape is None else shape.rows_per_rank
-        rows = self.agree_rows(local) if world > 1 else [local]
+        rows = self.agree_rows(f"rows/{name}", local) if world > 1 else [local]
         if shape is None or UNKNOWN_ROWS in rows:
             if self.policy.mode == "auto" and world > 1 and not tf.executing_eagerly() \
                     and row_shape(grad, variable) is not None:
@@ -344,7 +345,7 @@ class StrategyHooks(CollectiveHooks):
         """``auto`` in a graph whose rows are known only when the step runs: the other values are reduced
         as the strategy would; each such IndexedSlices is reduced on its own, in a ``tf.cond`` whose
         branch (gather, or densify and all-reduce) a ``tf.py_function`` picks: at its first run it
-        gathers every worker's rows (MPI), decides, and keeps the decision for the whole job; later
+        agrees every worker's rows (:attr:`agreement`), decides, and keeps the decision for the whole job; later
         runs return the kept decision. Every worker takes the same branch. The dense branch returns
         ``IndexedSlices`` over every row, so that both branches have one type."""
         results: list[Any] = list(labelled)
@@ -360,6 +361,7 @@ class StrategyHooks(CollectiveHooks):
                 for item in rest:
                     self._labels.pop(id(item), None)
         world = self.world_size()
+        previous: Any = None
         for i, name, variable in later:
             grad = labelled[i]
             shape = row_shape(grad, variable)
@@ -370,13 +372,17 @@ class StrategyHooks(CollectiveHooks):
                 if known is None:
                     local = int(np.asarray(rows))
                     decision = self._decision(name, replace(shape, rows_per_rank=local), local,
-                                              self.agree_rows(local), world, "; rows measured when the first step ran")
+                                              self.agree_rows(f"run/{name}", local), world,
+                                              "; rows measured when the first step ran")
                     known = self._keep(decision)
                 return np.int32(1 if known.densify else 0)
 
-            choice = host_call(choose, [tf.shape(grad.values, out_type=tf.int64)[0]], Tout=tf.int32,
-                               name="memdiag_decide")
+            # One after another, in the order traced (the same on every worker): each first run agrees.
+            with tf.control_dependencies([] if previous is None else [previous]):
+                choice = host_call(choose, [tf.shape(grad.values, out_type=tf.int64)[0]], Tout=tf.int32,
+                                   name="memdiag_decide")
             choice.set_shape([])
+            previous = choice
             results[i] = tf.cond(tf.equal(choice, 1),
                                  lambda grad=grad, name=name: self._reduce_one(original, cross_device_ops, reduce_op,
                                                                                grad, name, True, replica_id, options,
@@ -403,14 +409,12 @@ class StrategyHooks(CollectiveHooks):
         rows = tf.range(tf.shape(reduced, out_type=grad.indices.dtype)[0])
         return tf.IndexedSlices(reduced, rows, grad.dense_shape)
 
-    def agree_rows(self, rows: int) -> list[int]:
-        """Every worker's ``rows`` (-1: unknown), in worker order, the same list on every worker: one
-        MPI allgather of an int (memdiag's own, outside the strategy's collectives)."""
-        if self._agree is not None:
-            return list(self._agree(rows))
-        from mpi4py import MPI
-
-        return [int(r) for r in MPI.COMM_WORLD.allgather(int(rows))]
+    def agree_rows(self, key: str, rows: int) -> list[int]:
+        """Every worker's ``rows`` (-1: unknown) for ``key``, in worker order, the same list on every
+        worker: one exchange of :attr:`agreement` (memdiag's own, outside the strategy's collectives)."""
+        if self.agreement is None:
+            raise RuntimeError("StrategyHooks: auto on several workers needs an agreement between them")
+        return [r[0] for r in self.agreement.gather(key, (rows,))]
 
     def _parameters_before_first_update(self) -> None:
         # Saved under the names the hooks gave them (under Keras 3, their Keras paths: TensorFlow's own

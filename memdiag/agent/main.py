@@ -27,13 +27,14 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from memdiag import rundir
+from memdiag import agreement, rundir
 from memdiag.agent import delivery as _delivery
 from memdiag.agent import launcher_env
 from memdiag.agent.records import RecordWriter
 from memdiag.agent.sampler import MemorySampler, read_hwm
 from memdiag.agent.tracer import Tracer
 from memdiag.agentconfig import HOROVOD, TF_DISTRIBUTE, AgentConfig
+from memdiag.agreement import Agreement
 
 
 # Rank, size and ranks on this node as the launcher set them (mpirun, srun, horovodrun, Hydra):
@@ -53,6 +54,7 @@ def _world_size_from_env() -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     config = AgentConfig.decode(argv[0])
+    agreement.configure(config.agree_until)
     rank = _rank_from_env()
     strategy = config.engine == TF_DISTRIBUTE
     # MWMS reads TF_CONFIG when the script builds the strategy: written before anything touches TensorFlow.
@@ -311,11 +313,12 @@ def _run_with_strategy(config: AgentConfig, tracer: Tracer, writer: RecordWriter
     a built-in workload's strategy variant: no Horovod is imported; the start record is written when
     the strategy is up. A built-in workload's rank and size are MPI's, its warm-up agreed over MPI,
     and it saves its own parameters (after ``--steps``, whatever the warm-up adds)."""
-    # The policy agrees every worker's rows over MPI (memdiag's own allgather, made from the thread that
-    # traces or runs the step): MPI initialised in the main thread, at mpi4py's MPI_THREAD_MULTIPLE.
-    from mpi4py import MPI  # noqa: F401
-
+    # The policy agrees every worker's rows over MPI (memdiag's own exchange on a communicator of its
+    # own, made from the thread that traces or runs the step): MPI initialised, and the communicator
+    # made, in the main thread, at mpi4py's MPI_THREAD_MULTIPLE, at the same point on every worker.
     from memdiag.agent.hooks_tf import StrategyHooks
+
+    ranks = agreement.Agreement(agreement.MPITransport(), until=config.agree_until)
 
     hooks = StrategyHooks(
         tracer,
@@ -326,6 +329,7 @@ def _run_with_strategy(config: AgentConfig, tracer: Tracer, writer: RecordWriter
         initial_parameters=os.path.join(spool, rundir.INITIAL_PARAMETERS) if rank == 0 else None,
         fault=config.fault,
         check_reduction=config.check_reduction,
+        agreement=ranks,
     )
 
     def started(extended: Any) -> None:
@@ -340,7 +344,7 @@ def _run_with_strategy(config: AgentConfig, tracer: Tracer, writer: RecordWriter
         if config.is_script:
             _run_script(config)
         else:
-            _run_builtin(config, tracer, spool, hooks, rank, _world_size_from_env(), agree_max=_mpi_max)
+            _run_builtin(config, tracer, spool, hooks, rank, _world_size_from_env(), agreement=ranks)
     finally:
         hooks.uninstall()
     if config.is_script:
@@ -348,14 +352,6 @@ def _run_with_strategy(config: AgentConfig, tracer: Tracer, writer: RecordWriter
         hooks.record_final(os.path.join(spool, rundir.PARAMETERS) if rank == 0 else None)
     else:
         tracer.finish()
-
-
-def _mpi_max(value: int) -> int:
-    """The largest of every worker's ``value``: one MPI allreduce (mpi4py, memdiag's own, outside the
-    strategy's collectives), made from the main thread, which initialised MPI."""
-    from mpi4py import MPI
-
-    return int(MPI.COMM_WORLD.allreduce(int(value), op=MPI.MAX))
 
 
 def _strategy_start_record(config: AgentConfig, extended: Any, tf_config: dict[str, Any]) -> dict[str, Any]:
@@ -529,8 +525,8 @@ def _run_script(config: AgentConfig) -> None:
 
 
 def _run_builtin(config: AgentConfig, tracer: Tracer, spool: str, hooks: Any, rank: int, size: int,
-                 agree_max: Callable[[int], int] | None = None) -> None:
-    """A built-in workload on this rank; ``agree_max`` as :attr:`WorkloadContext.agree_max` (None:
+                 agreement: Agreement | None = None) -> None:
+    """A built-in workload on this rank; ``agreement`` as :attr:`WorkloadContext.agreement` (None:
     Horovod's)."""
     from memdiag.workloads.loop import WorkloadContext
 
@@ -551,7 +547,7 @@ def _run_builtin(config: AgentConfig, tracer: Tracer, spool: str, hooks: Any, ra
         max_warmup=config.max_warmup,
         decide_lookups=decide_lookups,
         engine=config.engine,
-        agree_max=agree_max,
+        agreement=agreement,
     )
     if config.workload == "resnet50":
         from memdiag.workloads import resnet

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from memdiag import __version__, ports, rundir
+from memdiag import __version__, agreement, ports, rundir
 from memdiag._errors import UserError
 from memdiag.agentconfig import ENGINES, HOROVOD, TF_DISTRIBUTE, TF_DISTRIBUTE_MODES, TF_DISTRIBUTE_WORKLOADS, AgentConfig
 from memdiag.collect import RankRecords, Run, load_run
@@ -184,6 +184,7 @@ def agent_config(request: RunRequest, run_id: str, run_dir: str) -> AgentConfig:
         threads_per_rank=options.threads_per_rank,
         max_warmup=options.max_warmup,
         engine=request.engine,
+        agree_until=agreement.run_deadline(options.timeout_s),
     )
 
 

@@ -2,7 +2,7 @@
 
 The loop itself uses no engine: the workload passes its own step (Horovod's, or
 tf.distribute.MultiWorkerMirroredStrategy's) and initial broadcast, and the context carries the
-agreement between ranks (:attr:`WorkloadContext.agree_max`). Whatever a rank decides that changes the
+agreement between ranks (:attr:`WorkloadContext.agreement`). Whatever a rank decides that changes the
 step count is agreed, so that every rank runs the same steps and issues the same collectives.
 """
 
@@ -19,6 +19,7 @@ import numpy as np
 
 from memdiag import rundir
 from memdiag.agentconfig import HOROVOD
+from memdiag.agreement import Agreement
 from memdiag.schema import SETUP_STEP
 
 
@@ -40,9 +41,9 @@ class WorkloadContext:
     # is traced, [(variable, ids)] (every rank, the same tables in the same order)
     decide_lookups: Callable[[list[tuple[Any, Any]]], None] | None = None
     engine: str = HOROVOD  # what reduces the gradients (memdiag.agentconfig.ENGINES)
-    # The largest of every rank's value (every rank calls it, in the same order); None: Horovod's
-    # max-allreduce (memdiag.densify.agree_max_rows). The tf-distribute engine passes MPI's.
-    agree_max: Callable[[int], int] | None = None
+    # The ranks' agreement (memdiag.agreement); None: Horovod's, on its global process set. The
+    # tf-distribute engine passes MPI's.
+    agreement: Agreement | None = None
 
 
 def parameter_digest(variables: list[Any]) -> str:
@@ -65,7 +66,7 @@ def train(
     flushed with loss and digest.
 
     Then, while the per-step peak of any rank has not settled (memdiag.analyze.steady's rule), up to
-    ``ctx.max_warmup`` more steps: every rank takes part in the decision (one max-allreduce), so all
+    ``ctx.max_warmup`` more steps: every rank takes part in the decision (one agreement), so all
     run the same steps. The parameters compared between modes are saved after ``ctx.steps`` steps,
     whatever the warm-up added."""
     tracer = ctx.tracer
@@ -85,25 +86,26 @@ def train(
         with tracer.own_work("save parameters"):
             save_parameters(os.path.join(ctx.run_dir, rundir.PARAMETERS), variables())
     step = ctx.steps
-    while step < ctx.steps + ctx.max_warmup and not _all_settled(tracer.step_peaks, ctx.agree_max):
+    while step < ctx.steps + ctx.max_warmup and not _all_settled(tracer.step_peaks, step, ctx.agreement):
         tracer.begin_step(step)
         loss = float(train_step(step))
         tracer.end_step(step, loss=loss, items=items_per_step, warmup=True)
         step += 1
 
 
-def _all_settled(peaks: list[int], agree_max: Callable[[int], int] | None) -> bool:
+def _all_settled(peaks: list[int], step: int, agreement: Agreement | None) -> bool:
     """Whether every rank's per-step peak has settled (memdiag.analyze.steady's rule, the one the
-    steady figures use): one max-reduction of "not yet" over the ranks (memdiag's own, never recorded
-    as the job's, and between steps, so in no step's figures), so that every rank runs the same steps."""
+    steady figures use): the largest "not yet" of any rank, agreed before warm-up step ``step``
+    (memdiag's own exchange, never recorded as the job's, and between steps, so in no step's figures),
+    so that every rank runs the same steps."""
     from memdiag.analyze.steady import steady_start
 
     not_yet = 0 if steady_start(peaks)[1] else 1
-    if agree_max is None:
-        from memdiag.densify import agree_max_rows
+    if agreement is None:
+        from memdiag.agreement import for_horovod
 
-        return agree_max_rows(not_yet, None, "warmup") == 0
-    return agree_max(not_yet) == 0
+        agreement = for_horovod()
+    return agreement.max(f"warmup/{step}", (not_yet,)) == (0,)
 
 
 def variable_name(var: Any) -> str:

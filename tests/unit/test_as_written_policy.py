@@ -37,15 +37,16 @@ def _slices(rows: int, width: int = 8, vocab: int = 64):
 
 
 class _Ranks:
-    """Stands in for the max-allreduce across ranks: every rank's row count is known to the test."""
+    """Stands in for the exchange across ranks (DensifyPolicy's ``agree``): every rank's row count is
+    known to the test, and each is taken to have no duplicate rows (distinct rows = rows)."""
 
     def __init__(self, rows_of_every_rank: list[int]) -> None:
         self.rows = rows_of_every_rank
-        self.calls: list[tuple[int, str]] = []
+        self.calls: list[tuple[tuple[int, ...], str]] = []
 
-    def __call__(self, rows: int, process_set, name: str) -> int:
-        self.calls.append((rows, name))
-        return max(self.rows)
+    def __call__(self, key: str, values: tuple[int, ...], process_set) -> list[tuple[int, ...]]:
+        self.calls.append((values, key))
+        return [(rows, rows) for rows in self.rows]
 
 
 def test_auto_decides_from_the_largest_row_count_of_any_rank_and_only_once():
@@ -63,7 +64,7 @@ def test_auto_decides_from_the_largest_row_count_of_any_rank_and_only_once():
     assert [d.local_rows for d in decisions] == [28, 29]
     # AND a later step (other rows) reuses the decision without a new agreement
     assert policies[0].decide("emb", _slices(5)).densify
-    assert [name for _, name in ranks.calls] == ["emb", "emb:distinct"] * 2
+    assert [name for _, name in ranks.calls] == ["rows/emb"] * 2  # rows and distinct rows: one exchange
 
 
 def test_reduction_order_follows_horovods_groups_rule():
@@ -91,3 +92,30 @@ def test_the_sampler_keeps_a_bounded_series_and_never_loses_the_peak():
         sampler.sample()
     peak, series_t, series_r = sampler.take_step()
     assert len(series_r) <= MAX_SAMPLES_PER_STEP + 1 and peak == max(series_r)
+
+
+def test_ranks_that_list_the_same_sparse_gradients_in_other_orders_decide_alike():
+    from memdiag.densify import DensifyPolicy
+    from tests.helpers import run_ranks
+
+    # GIVEN two tables whose gradients the ranks list in opposite orders; rank r looks up 20 + 30 r rows
+    # of each (64 x 8 float32 tables, int32 indices: 36 B a gathered row; dense 2048 B)
+    def slices(rows):
+        tf = pytest.importorskip("tensorflow")
+        return tf.IndexedSlices(tf.ones([rows, 8]), tf.range(rows), tf.constant([64, 8]))
+
+    def decide(rank, agreement):
+        policy = DensifyPolicy("auto", 1.0, lambda: 2, agree=lambda key, values, ps: agreement.gather(key, values))
+        items = [(name, slices(20 + 30 * rank), None) for name in ("a", "b")]
+        policy.decide_in_name_order(items if rank == 0 else items[::-1])
+        return {name: (d.reduction, d.shape.rows_per_rank, d.local_rows) for name, d in policy.decisions.items()}, \
+            agreement.keys
+
+    results, _ = run_ranks(2, decide)
+    # THEN no error and the same decisions on both ranks, from the larger rank's 50 rows (2 x 50 x 36 = 3600 B
+    # gathered > 2048 B dense), each rank's own rows kept beside them
+    assert not any(isinstance(r, Exception) for r in results), results
+    (mine0, keys0), (mine1, keys1) = results
+    assert keys0 == keys1 == ["rows/a", "rows/b"]
+    assert mine0 == {"a": ("dense", 50, 20), "b": ("dense", 50, 20)}
+    assert mine1 == {"a": ("dense", 50, 50), "b": ("dense", 50, 50)}

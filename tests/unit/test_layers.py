@@ -19,7 +19,7 @@ PACKAGE = ROOT / "memdiag"
 # the launcher and the verbs on top.
 LAYERS = [
     "memdiag", "_errors", "units", "rounding", "formula", "policy", "schema", "recordformat", "rundir", "hosts",
-    "ports", "agentconfig",
+    "ports", "agentconfig", "agreement",
     "collect",
     "analyze",
     "graphcalls", "nativemarks", "densify", "workloads", "doctor", "agent", "tensorflow",

@@ -12,6 +12,7 @@ import numpy as np
 from memdiag.agent.records import RecordWriter
 from memdiag.agent.sampler import MemorySampler, read_rss
 from memdiag.agent.tracer import Tracer
+from memdiag.agreement import Agreement, LocalTransport
 from memdiag.workloads import loop
 
 MiB = 1 << 20
@@ -47,7 +48,7 @@ def test_rank_0s_parameter_save_is_in_no_steps_peak_and_the_warm_up_step_after_i
     tracer, writer, sampler = _tracer(tmp_path / "rank-0.jsonl")
     parameters = [Parameter(f"w{i}:0", HELD // 4) for i in range(4)]
     ctx = loop.WorkloadContext(tracer=tracer, rank=0, size=1, steps=2, seed=1, preset="tiny", overrides={},
-                               run_dir=str(tmp_path), check_params=False, max_warmup=1, agree_max=lambda v: v)
+                               run_dir=str(tmp_path), check_params=False, max_warmup=1, agreement=Agreement(LocalTransport()))
 
     def train_step(step: int) -> float:
         time.sleep(0.02)  # some samples in every step

@@ -182,26 +182,27 @@ class _SettledRank:
 
 
 @pytest.mark.parametrize("other_settled, expected", [(True, [0, 1, 2]), (False, [0, 1, 2, 3, 4])])
-def test_a_workloads_warm_up_is_agreed_by_the_contexts_function_never_horovods(monkeypatch, other_settled, expected):
-    import sys
-    import types
-
+def test_a_workloads_warm_up_is_agreed_by_the_contexts_agreement_never_horovods(monkeypatch, other_settled, expected):
+    from memdiag import agreement
     from memdiag.workloads import loop
 
     def horovod(*args):
         raise AssertionError("Horovod's agreement used under --engine tf-distribute")
 
-    monkeypatch.setitem(sys.modules, "memdiag.densify", types.SimpleNamespace(agree_max_rows=horovod))
+    monkeypatch.setattr(agreement, "for_horovod", horovod)
     votes: list[int] = []
 
-    def agree_max(value: int) -> int:  # a stand-in for MPI's max over this worker and another
-        votes.append(value)
-        return max(value, 0 if other_settled else 1)
+    class OtherWorker:  # a stand-in for MPI's exchange between this worker and another
+        rank, size = 0, 2
+
+        def exchange(self, seq, payload, timeout_s):
+            votes.append(payload[1])
+            return [payload, (payload[0], 0 if other_settled else 1)]
 
     tracer = _SettledRank()
     ctx = loop.WorkloadContext(tracer=tracer, rank=0, size=2, steps=3, seed=1, preset="tiny", overrides={},
                                run_dir=None, check_params=False, max_warmup=2, engine="tf-distribute",
-                               agree_max=agree_max)
+                               agreement=agreement.Agreement(OtherWorker()))
     loop.train(ctx, variables=lambda: [], train_step=lambda step: 0.0, broadcast=None, items_per_step=1)
     assert tracer.ran == expected  # the other worker's "not yet" adds steps here too, up to --max-warmup
     assert votes and set(votes) == {0}  # this worker had settled: it voted 0 each time

@@ -9,18 +9,27 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from memdiag.agent.hooks_tf import StrategyHooks  # noqa: E402
+from memdiag.agreement import Agreement  # noqa: E402
 
 ROWS = {2: [1000, 1500], 4: [1000, 1500, 2000, 2500]}
 
 
+class _Workers:
+    """Stands in for the exchange between workers (memdiag.agreement's Transport): every worker's rows are
+    known to the test; ``calls`` keeps this worker's."""
+
+    def __init__(self, rows, calls):
+        self.rank, self.size, self.rows, self.calls = 0, len(rows), rows, calls
+
+    def exchange(self, seq, payload, timeout_s):
+        self.calls.append(payload[1])
+        return [(payload[0], r) for r in self.rows]
+
+
 def _hooks(mode, world, rows, margin=1.0):
     decisions, calls = [], []
-
-    def agree(local):
-        calls.append(local)
-        return rows
-
-    hooks = StrategyHooks(None, mode, margin, lambda: world, decisions.append, agree=agree)
+    hooks = StrategyHooks(None, mode, margin, lambda: world, decisions.append,
+                          agreement=Agreement(_Workers(rows, calls)))
     return hooks, decisions, calls
 
 

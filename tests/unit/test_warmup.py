@@ -9,6 +9,7 @@ from contextlib import contextmanager
 
 import pytest
 
+from memdiag.agreement import Agreement
 from memdiag.workloads import loop
 
 
@@ -38,15 +39,18 @@ def _train(monkeypatch, peaks, steps, max_warmup, other_ranks_settled=True):
     saved_after: list[int] = []
     agreements: list[int] = []
 
-    def agree(value, process_set, name):
-        agreements.append(value)
-        return max(value, 0 if other_ranks_settled else 1)
+    class OtherRank:  # memdiag.agreement's Transport: this rank and one other, settled or not
+        rank, size = 0, 2
 
-    monkeypatch.setattr("memdiag.densify.agree_max_rows", agree)
+        def exchange(self, seq, payload, timeout_s):
+            agreements.append(payload[1])
+            return [payload, (payload[0], 0 if other_ranks_settled else 1)]
+
     monkeypatch.setattr(loop, "save_parameters", lambda path, variables: saved_after.append(len(tracer.steps)))
     tracer = FakeTracer(peaks)
     ctx = loop.WorkloadContext(tracer=tracer, rank=0, size=2, steps=steps, seed=1, preset="tiny", overrides={},
-                               run_dir="run", check_params=False, max_warmup=max_warmup)
+                               run_dir="run", check_params=False, max_warmup=max_warmup,
+                               agreement=Agreement(OtherRank()))
     loop.train(ctx, variables=lambda: [], train_step=lambda step: 0.0, broadcast=lambda: None, items_per_step=1)
     return tracer.steps, saved_after, agreements
 
