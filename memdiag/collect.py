@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast, overload
 
 from memdiag._errors import UserError
-from memdiag.recordformat import VARYING_FIELDS, SeriesPolicy, mem_aggregates, upgrade_policy
+from memdiag.recordformat import RECORDS_FORMAT, VARYING_FIELDS, SeriesPolicy, mem_aggregates, upgrade_policy
 from memdiag.rundir import MPIRUN_LOG, RANK_FILE, RANK_GLOB, RUN_MANIFEST
 from memdiag.schema import (
     CollectiveRecord,
@@ -333,6 +333,7 @@ def parse_records(lines: Iterable[bytes] | Iterable[str], rank: int) -> RankReco
     buckets: dict[str, list[Any]] = {"reduction_check": result.reduction_checks,
                "waiting": result.waiting}
     memory = _MemoryRecords(result.memory)
+    version = 1  # the records' format, until the start record says (memdiag.recordformat.RECORDS_FORMAT)
     for raw in lines:
         if isinstance(raw, bytes):
             try:
@@ -365,12 +366,16 @@ def parse_records(lines: Iterable[bytes] | Iterable[str], rank: int) -> RankReco
             memory.step_ended(step)
         elif kind == "start":
             result.start = cast(StartRecord, record)
+            version = record.get("format", 1)
+            if not isinstance(version, int) or version > RECORDS_FORMAT:
+                raise UserError(f"rank {rank}'s records are in format {version!r}, newer than this memdiag reads "
+                                f"(up to {RECORDS_FORMAT}): read them with the memdiag that wrote them, or upgrade")
         elif kind == "end":
             result.end = cast(EndRecord, record)
         elif kind == "killed":
             result.killed = cast(KilledRecord, record)
         elif kind == "policy":
-            result.policies.append(cast(PolicyRecord, upgrade_policy(record)))
+            result.policies.append(cast(PolicyRecord, upgrade_policy(record) if version < 2 else record))
         else:
             buckets.get(kind, result.other).append(record)
     memory.finish()

@@ -11,6 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+# The layout's version, in every start record's ``format`` (none: 1). Format 1's policy records gave
+# ``rows_per_rank``, a rank's own rows or the agreed ones depending on the mode; format 2 gives
+# ``local_rows`` and ``agreed_rows`` (:func:`upgrade_policy` converts).
+RECORDS_FORMAT = 2
+
 # Steps written in full: the set-up and steps 0 .. FULL_STEPS-1 keep their RSS samples and have one
 # ``collective`` record per collective. Later steps keep their samples only on SERIES_PER_DOUBLING
 # evenly spaced steps of every doubling of the step count (32, 34, ..., 62; 64, 68, ..., 124; ...).

@@ -26,6 +26,7 @@ class _Record(TypedDict):
 
 
 class StartRecord(_Record, total=False):
+    format: int  # the records' layout (memdiag.recordformat.RECORDS_FORMAT; absent: 1)
     size: int
     local_size: int
     host: str

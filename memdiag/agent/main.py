@@ -35,6 +35,7 @@ from memdiag.agent.sampler import MemorySampler, read_hwm
 from memdiag.agent.tracer import Tracer
 from memdiag.agentconfig import HOROVOD, TF_DISTRIBUTE, AgentConfig
 from memdiag.agreement import Agreement
+from memdiag.recordformat import RECORDS_FORMAT
 
 
 # Rank, size and ranks on this node as the launcher set them (mpirun, srun, horovodrun, Hydra):
@@ -370,6 +371,7 @@ def _strategy_start_record(config: AgentConfig, extended: Any, tf_config: dict[s
         source = "script"  # the script wrote its own before building the strategy
     return {
         "type": "start",
+        "format": RECORDS_FORMAT,
         "engine": config.engine,
         "size": int(extended._num_workers),
         "local_size": _ranks_on_node(),
@@ -495,6 +497,7 @@ def _start_record(config: AgentConfig, hvd: Any, marks: str = "python") -> dict[
     mpi_version = _mpi_version()
     return {
         "type": "start",
+        "format": RECORDS_FORMAT,
         "size": hvd.size(),
         "local_size": hvd.local_size(),
         "host": socket.gethostname(),

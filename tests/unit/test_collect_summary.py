@@ -1,8 +1,10 @@
 import json
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from memdiag._errors import UserError
 from memdiag.analyze.summary import summarize
 from memdiag.collect import load_run, parse_records
 from tests.unit.fake_run import make_run
@@ -111,6 +113,24 @@ def test_a_policy_record_written_before_agreed_rows_reads_as_the_rank_own_or_the
     assert {name: (p.get("local_rows"), p.get("agreed_rows")) for name, p in policies.items()} == \
         {"a": (2000, 5000), "b": (2000, None), "c": (2000, 5000)}
     assert not any("rows_per_rank" in p for p in policies.values())
+    # AND with a start record of format 1 (no format field) the same; a newer format than this memdiag
+    # reads is refused in one line, saying what to do
+    start = {"type": "start", "rank": 1, "t": 0.5, "size": 2}
+    again = parse_records([json.dumps(r) for r in [start, *old]], 1).policies
+    assert [(p.get("local_rows"), p.get("agreed_rows")) for p in again] == [(2000, 5000), (2000, None), (2000, 5000)]
+    with pytest.raises(UserError, match=r"rank 1's records are in format 3, newer than this memdiag reads \(up to 2\)"):
+        parse_records([json.dumps({**start, "format": 3})], 1)
+
+
+def test_records_of_the_current_format_are_read_as_written():
+    from memdiag.recordformat import RECORDS_FORMAT
+
+    # a format-2 rank may write a field named like format 1's: it is not converted
+    records = [{"type": "start", "rank": 0, "t": 0.0, "format": RECORDS_FORMAT},
+               {"type": "policy", "rank": 0, "t": 1.0, "name": "a", "mode": "auto", "rows_per_rank": 7,
+                "local_rows": 3, "agreed_rows": None}]
+    [policy] = parse_records([json.dumps(r) for r in records], 0).policies
+    assert (policy["rows_per_rank"], policy["local_rows"], policy["agreed_rows"]) == (7, 3, None)
 
 
 def test_a_summary_of_the_first_format_reads_with_whose_rows_named_and_an_unknown_one_is_refused(tmp_path):
