@@ -182,7 +182,7 @@ class HorovodTransport:
     """Horovod's allgather of an int64 vector (the payload, prefixed by its length), eager, underneath
     memdiag's recording hooks, on ``process_set`` (Horovod's global set by default). It runs on a thread
     of its own (a daemon), which gives it a deadline and makes it eager even while a ``tf.function`` is
-    traced."""
+    traced; where eager execution is disabled (TF1-style code), in a graph and session of its own."""
 
     def __init__(self, process_set: Any = None) -> None:
         import horovod.tensorflow as hvd
@@ -190,6 +190,8 @@ class HorovodTransport:
         self.process_set = process_set if process_set is not None else hvd.global_process_set
         self.rank = int(self.process_set.rank())
         self.size = int(self.process_set.size())
+        self._graph: Any = None
+        self._session: Any = None
 
     def exchange(self, seq: int, payload: tuple[int, ...], timeout_s: float) -> list[tuple[int, ...]]:
         # A daemon thread: one left waiting past the deadline must not keep the process from exiting.
@@ -214,10 +216,19 @@ class HorovodTransport:
         import tensorflow as tf
 
         allgather = horovod_op("allgather")
-        set_id = self.process_set.process_set_id
-        gathered = allgather(tf.constant([len(payload), *payload], tf.int64), name=f"memdiag_agree.{set_id}.{seq}",
-                             process_set=self.process_set).numpy().tolist()
-        return _split(gathered)
+        name = f"memdiag_agree.{self.process_set.process_set_id}.{seq}"
+        if tf.executing_eagerly():
+            gathered = allgather(tf.constant([len(payload), *payload], tf.int64), name=name,
+                                 process_set=self.process_set).numpy()
+        else:
+            # Eager execution disabled (a TF1-style script): a graph and session of memdiag's own.
+            if self._session is None:
+                self._graph = tf.Graph()
+                self._session = tf.compat.v1.Session(graph=self._graph)
+            with self._graph.as_default():
+                op = allgather(tf.constant([len(payload), *payload], tf.int64), name=name, process_set=self.process_set)
+            gathered = self._session.run(op)
+        return _split([int(v) for v in gathered.tolist()])
 
 
 def _split(flat: list[int]) -> list[tuple[int, ...]]:

@@ -136,6 +136,8 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
+if sys.argv[1] == "tf1":  # a TF1-style graph, run by a session
+    tf.compat.v1.disable_eager_execution()
 hvd.init()
 tf.keras.utils.set_random_seed(3)
 table = tf.Variable(tf.random.normal([64, 8]))
@@ -147,19 +149,27 @@ def step(ids):
         loss = tf.reduce_sum(tf.gather(table, ids) ** 2)
     tape = hvd.DistributedGradientTape(tape)
     [grad] = tape.gradient(loss, [table])
-    table.assign_sub(0.01 * tf.convert_to_tensor(grad))
+    return table.assign_sub(0.01 * tf.convert_to_tensor(grad))
 
 if sys.argv[1] == "function":  # each rank traces its own static row count
     step = tf.function(step)
 elif sys.argv[1] == "dynamic":  # a batch of unknown size: the rows are known only when the step runs
     step = tf.function(step, input_signature=[tf.TensorSpec([None], tf.int32)])
+if sys.argv[1] == "tf1":
+    update = step(ids)
+    with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        for _ in range(3):
+            session.run(update)
+        print("final", float(session.run(tf.reduce_sum(table))), flush=True)
+    sys.exit(0)
 for _ in range(3):
     step(ids)
 print("final", float(tf.reduce_sum(table)), flush=True)
 '''
 
 
-@pytest.mark.parametrize("style", [pytest.param("eager", marks=pytest.mark.slow), "function", "dynamic"])
+@pytest.mark.parametrize("style", [pytest.param("eager", marks=pytest.mark.slow), "function", "dynamic", "tf1"])
 def test_ranks_with_batches_straddling_the_crossover_take_the_same_path(style, runs_root, tmp_path):
     script = tmp_path / "uneven.py"
     script.write_text(UNEVEN)
