@@ -27,7 +27,7 @@ from memdiag import agreement
 from memdiag.agreement import UNKNOWN
 from memdiag.formula import SparseGradientShape
 from memdiag.graphcalls import host_call
-from memdiag.policy import Decision, decide
+from memdiag.policy import GATHERED_OPS, Decision, decide
 
 UNKNOWN_ROWS = UNKNOWN
 # agree(key, values, process_set) -> every rank's values, in rank order (memdiag.agreement.Agreement.gather)
@@ -75,8 +75,9 @@ class DensifyPolicy:
         self._flags: dict[str, Any] = {}  # auto's decisions made when the first step ran, as variables
 
     def decide(self, name: str, grad: tf.IndexedSlices, var: Any = None, script_densifies: bool = False,
-               process_set: Any = None) -> Decision:
-        """The decision for ``name``, made the first time it is seen and kept for the whole job."""
+               process_set: Any = None, reduce_op: str | None = None) -> Decision:
+        """The decision for ``name``, made the first time it is seen and kept for the whole job;
+        ``reduce_op``: the script's reduction (:func:`memdiag.policy.decide`)."""
         if name not in self.decisions:
             world = _set_size(process_set) if process_set is not None or self.world_size is None \
                 else self.world_size()
@@ -85,14 +86,15 @@ class DensifyPolicy:
             # when the step runs (see the hooks' run-time decision).
             local_distinct = int(distinct_rows(grad.indices)) if tf.executing_eagerly() \
                 and self.mode in ("auto", "dedup") else None
-            decision = self._decide_shape(name, shape, local_distinct, script_densifies, process_set, world)
+            decision = self._decide_shape(name, shape, local_distinct, script_densifies, process_set, world,
+                                          reduce_op)
             self.decisions[name] = decision
             if self.on_decision is not None:
                 self.on_decision(decision)
         return self.decisions[name]
 
     def decide_in_name_order(self, items: list[tuple[str, Any, Any]], script_densifies: bool = False,
-                             process_set: Any = None, run_time_ok: bool = True) -> None:
+                             process_set: Any = None, run_time_ok: bool = True, reduce_op: str | None = None) -> None:
         """Decide for the new IndexedSlices of ``items`` (name, gradient, variable), in the order of
         their names: each decision is agreed across the ranks, in the order they ask, so a rank that
         lists the same gradients in another order still agrees with the others. Those decided when the
@@ -102,10 +104,11 @@ class DensifyPolicy:
                        and not (run_time_ok and self.needs_run_time(grad, var, process_set, name)))
         for name, i in fresh:
             _, grad, var = items[i]
-            self.decide(name, grad, var, script_densifies, process_set)
+            self.decide(name, grad, var, script_densifies, process_set, reduce_op)
 
     def _decide_shape(self, name: str, shape: SparseGradientShape | None, local_distinct: int | None,
-                      script_densifies: bool, process_set: Any, world: int | None = None) -> Decision:
+                      script_densifies: bool, process_set: Any, world: int | None = None,
+                      reduce_op: str | None = None) -> Decision:
         """The decision from this rank's sizes, agreed in ``auto`` (the largest rows and distinct rows
         of any rank, agreed in one exchange)."""
         if world is None:
@@ -114,7 +117,7 @@ class DensifyPolicy:
         local_rows = None if shape is None else shape.rows_per_rank
         if shape is not None and local_distinct is not None:
             shape = replace(shape, distinct_rows=local_distinct)
-        if self.mode == "auto" and world > 1:
+        if self.mode == "auto" and world > 1 and reduce_op in GATHERED_OPS:
             # Every rank takes part, known rows or not, so nobody waits alone: rows and distinct rows in
             # one exchange; the largest of each (distinct rows only where every rank knows its own).
             everyone = self.agree(f"rows/{name}", (UNKNOWN if local_rows is None else local_rows,
@@ -125,7 +128,8 @@ class DensifyPolicy:
             shape = None if shape is None or rows == UNKNOWN else replace(shape, rows_per_rank=rows)
             if local_distinct is not None:
                 shape = None if shape is None else replace(shape, distinct_rows=distinct)
-        return decide(self.mode, name, world, shape, self.margin, script_densifies, local_rows, local_distinct)
+        return decide(self.mode, name, world, shape, self.margin, script_densifies, local_rows, local_distinct,
+                      reduce_op=reduce_op)
 
     def needs_run_time(self, grad: tf.IndexedSlices, var: Any, process_set: Any = None,
                        name: str | None = None) -> bool:

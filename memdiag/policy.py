@@ -30,6 +30,9 @@ AS_WRITTEN = "as-written"
 MODES = (AS_WRITTEN, "sparse", "dense", "auto", "dedup")
 REDUCTIONS = ("sparse", "dedup", "dense")  # allgather, merge then allgather, dense allreduce
 DEFAULT_MARGIN = 1.0
+# The reductions for which Horovod gathers an IndexedSlices (None: its default, average); under any
+# other it raises, so auto densifies.
+GATHERED_OPS = (None, "average", "sum")
 # Deliberately wrong reductions, for tests of the verification: densified gradients summed instead of
 # averaged; duplicate rows dropped (the first kept) instead of summed when merging.
 FAULTS = ("sum-densified", "drop-duplicates")
@@ -161,6 +164,7 @@ def decide(
     local_rows: int | None = None,
     local_distinct_rows: int | None = None,
     guard: float = DEDUP_GUARD,
+    reduce_op: str | None = None,
 ) -> Decision:
     """Decide how to reduce the IndexedSlices gradient ``name`` on ``world_size`` ranks.
 
@@ -168,7 +172,9 @@ def decide(
     it is None when no row count could be had (``auto`` then keeps the script's choice and says why).
     ``margin`` > 1 keeps the gathered paths until they exceed the dense size by that factor; ``guard``
     is the growth of U that ``dedup`` must survive to be chosen (see :data:`DEDUP_GUARD`).
-    Ties go to the path that changes least: allgather, then merging, then dense.
+    Ties go to the path that changes least: allgather, then merging, then dense. ``reduce_op`` is
+    the script's reduction (None: Horovod's default, average): Horovod gathers an IndexedSlices for
+    average and sum only, so under any other (adasum, min, max, product) ``auto`` densifies.
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}")
@@ -187,6 +193,9 @@ def decide(
     if mode == "dedup":
         return made("dedup", "mode dedup: duplicate rows summed on each rank, then allgather of the distinct rows"
                     + ("" if not script_densifies else f"; {asked}"))
+    if reduce_op not in GATHERED_OPS:
+        return made("dense", f"auto: op {reduce_op} has no allgather path for an IndexedSlices in Horovod (average "
+                             f"and sum only): densified")
     if shape is None:
         return made("dense" if script_densifies else "sparse",
                     f"auto: row count unknown; kept what {asked[4:]}", None)

@@ -352,7 +352,7 @@ class CollectiveHooks:
                         [(_var_name(vars[i]) if vars is not None and vars[i] is not None else f"grad_{i}", grad,
                           vars[i] if vars is not None else None) for i, grad in enumerate(grads)],
                         script_densifies, process_set,
-                        run_time_ok=reduce_op in ("average", "sum"))
+                        run_time_ok=reduce_op in ("average", "sum"), reduce_op=reduce_op)
                 for i, grad in enumerate(grads):
                     if grad is None:
                         continue
@@ -369,7 +369,7 @@ class CollectiveHooks:
                             grads[i] = None
                             origins[i] = replace(origin, sparse=True)
                             continue
-                        decision = self.policy.decide(name, grad, var, script_densifies, process_set)
+                        decision = self.policy.decide(name, grad, var, script_densifies, process_set, reduce_op)
                         if decision.merge:
                             grads[i] = self._merge(name, grad)
                         else:

@@ -208,3 +208,14 @@ def test_compare_on_a_script_with_a_wrong_reduction_fails(runs_root):
     assert result.returncode == 1
     correctness = read_json(out / "compare.json")["correctness"]
     assert correctness["passed"] is False and correctness["reduction"]["passed"] is False
+
+
+def test_auto_under_adasum_densifies_what_horovod_cannot_gather(runs_root):
+    # The script asks sparse_as_dense=True because Horovod raises for an IndexedSlices under Adasum; auto
+    # sees the op and densifies (it chose the allgather from the sizes, and the job failed, before).
+    out = runs_root / "adasum-auto"
+    done = memdiag("run", str(ROOT / "examples" / "user_adasum.py"), "-n", "2", "--mode", "auto", "--out", str(out),
+                   "--", "--steps", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    [policy] = read_json(out / "summary.json")["policy"]
+    assert policy["decision"] == "dense" and "op adasum has no allgather path" in policy["reason"]

@@ -119,3 +119,28 @@ def test_ranks_that_list_the_same_sparse_gradients_in_other_orders_decide_alike(
     assert keys0 == keys1 == ["rows/a", "rows/b"]
     assert mine0 == {"a": ("dense", 50, 20), "b": ("dense", 50, 20)}
     assert mine1 == {"a": ("dense", 50, 50), "b": ("dense", 50, 50)}
+
+
+@pytest.mark.parametrize("op", ["adasum", "min", "max", "product"])
+def test_auto_densifies_under_an_op_horovod_cannot_gather_whatever_the_sizes(op):
+    # GIVEN a gradient whose allgather would be far smaller than its dense table: 2 x 10 x 36 B << 64 x 8 x 4 B
+    shape = SparseGradientShape(rows_per_rank=10, row_bytes=32, index_bytes=4, dense_rows=64, row_elements=8)
+    assert decide("auto", "emb", 2, shape).reduction == "sparse"
+    assert decide("auto", "emb", 2, shape, reduce_op="sum").reduction == "sparse"
+    # WHEN the script reduces with an op for which Horovod has no allgather path (it raises for IndexedSlices)
+    decision = decide("auto", "emb", 2, shape, reduce_op=op)
+    # THEN auto densifies and says why; an explicit mode is the user's to choose
+    assert decision.reduction == "dense" and f"op {op} has no allgather path" in decision.reason
+    assert decide("sparse", "emb", 2, shape, reduce_op=op).reduction == "sparse"
+
+
+def test_under_such_an_op_auto_asks_the_other_ranks_nothing():
+    tf = pytest.importorskip("tensorflow")
+    from memdiag.densify import DensifyPolicy
+
+    def agree(key, values, process_set):
+        raise AssertionError("no agreement is needed: the op decides")
+
+    policy = DensifyPolicy("auto", 1.0, lambda: 2, agree=agree)
+    grad = tf.IndexedSlices(tf.zeros([10, 8]), tf.zeros([10], tf.int32), tf.constant([64, 8]))
+    assert policy.decide("emb", grad, reduce_op="adasum").reduction == "dense"
