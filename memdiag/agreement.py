@@ -33,8 +33,10 @@ One decision is agreed inside the graph rather than by this interface's Python c
 ``auto`` in a ``tf.function`` whose distinct rows are known only when the first step runs
 (:meth:`memdiag.densify.DensifyPolicy.reduce_at_run_time`), where a blocking call would hold one of
 TensorFlow's executor threads while the others' steps still need theirs. It is a max-allreduce named
-after its key (Horovod matches collectives by name, so order does not matter there), made once, at
-the first step. The order of every agreement in a run is in docs/explanation/architecture.md
+after its key, made once, at the first step, inside the ``tf.cond`` the reduction is built in; Horovod
+pairs collectives by their full names, which carry the scopes of the conditionals built before, so
+the ranks must build the same reductions in the same order, as Horovod's own collectives of the step
+require. The order of every agreement in a run is in docs/explanation/architecture.md
 ("Agreement between ranks").
 
 This module imports no TensorFlow, Horovod or MPI at import time; each transport imports its own.
@@ -314,8 +316,7 @@ def for_horovod(process_set: Any = None) -> Agreement:
 
 def horovod_max_in_graph(key: str, values: Any, process_set: Any = None) -> Any:
     """The element-wise largest of every rank's int64 ``values`` tensor, as an op of the graph being
-    built: Horovod's max-allreduce named after ``key`` (Horovod pairs the ranks' collectives by name, so
-    the order in which ranks reach it does not matter, and it holds no executor thread while it waits).
+    built: Horovod's max-allreduce named after ``key`` (it holds no executor thread while it waits).
     For the one agreement made when a step runs; see the module's documentation."""
     import re
 
