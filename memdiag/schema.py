@@ -295,6 +295,27 @@ _DECLARED: dict[type, frozenset[str]] = {}
 
 # -- results -----------------------------------------------------------------------------------------
 
+class LastCollective(TypedDict):
+    """A rank's last recorded collective (a hang's facts)."""
+
+    step: int | None
+    op: str
+    name: str
+    bytes_out: int
+
+
+class FailureSummary(TypedDict):
+    """Why a run did not finish (memdiag.analyze.failure.diagnose): one headline and the facts behind it."""
+
+    kind: str  # mem-limit, timeout, error, died
+    headline: str
+    killed_ranks: NotRequired[dict[str, KilledRecord]]  # mem-limit: each killed rank's record
+    missing: NotRequired[dict[str, list[str]]]  # timeout: per rank, the collectives Horovod's stall report said it lacks
+    waiting_ranks: NotRequired[list[int]]  # timeout: the ranks that waited in a collective
+    waiting_in: NotRequired[dict[str, WaitingRecord]]  # timeout: per rank, memdiag's record of what it waited in
+    last_collective: NotRequired[dict[str, LastCollective | None]]  # timeout: per rank, its last collective
+
+
 class PhaseFigures(TypedDict):
     """Which phase set a rank's steady peak (memdiag.analyze.steady)."""
 
@@ -382,6 +403,39 @@ class PolicySummary(PolicyFields, total=False):
     reduce_op: str
 
 
+class DistinctRowsSummary(TypedDict):
+    """One IndexedSlices gradient's rows T and distinct rows U over the training steps (its
+    ``distinct_rows`` records, every rank's)."""
+
+    name: str
+    rows_max: int
+    distinct_rows_min: int
+    distinct_rows_max: int
+    first_step_distinct_rows_max: int  # what auto decided from
+    distinct_rows_per_rank: dict[str, list[int]]  # rank -> [min, max] over the steps
+    merge_s_median: float | None  # the merge's compute time per step, where the rows were merged
+    steps: int
+
+
+class PaddingSummary(TypedDict):
+    """--engine tf-distribute: the zero rows MultiWorkerMirroredStrategy padded one gradient's gathers
+    with, at the step and worker with the most."""
+
+    name: str
+    padding_bytes_per_step: int
+    gathered_bytes_per_step: int
+    padding_share: float | None
+    rows_per_worker: list[int] | None
+
+
+class Consistency(TypedDict):
+    """Whether the ranks held identical parameters (their digests) at the steps every rank checked."""
+
+    checked_steps: int
+    ranks_identical: bool | None  # None: no step was checked on every rank
+    mismatched_steps: list[int]
+
+
 class StepDetail(TypedDict):
     """One training step of ``summary.json`` ``steps_detail``, over the ranks."""
 
@@ -424,13 +478,13 @@ class RunSummary(TypedDict, total=False):
     initial_params_digest: str | None
     final_params_digest: str | None
     steps_detail: list[StepDetail]
-    consistency: dict[str, Any]
+    consistency: Consistency
     reduction_checks: list[ReductionCheckRecord]
-    distinct_rows: list[dict[str, Any]]
+    distinct_rows: list[DistinctRowsSummary]
     engine: str
     versions: dict[str, str | None]
-    padding: list[dict[str, Any]]
-    failure: dict[str, Any] | None
+    padding: list[PaddingSummary]
+    failure: FailureSummary | None
     warnings: list[str]
     attribution: dict[str, Any]  # only when the run has memray files
 
@@ -458,7 +512,7 @@ class CompareRow(TypedDict, total=False):
     step_time_s: float | None
     throughput_items_per_s: float | None
     run_dir: str
-    failure: dict[str, Any] | None
+    failure: FailureSummary | None
 
 
 class Physics(TypedDict, total=False):
@@ -581,7 +635,7 @@ class ScaleRow(TypedDict):
 
     world_size: int
     status: str
-    failure: dict[str, Any] | None
+    failure: FailureSummary | None
     items_per_rank: float | None
     step_time_s: float | None
     throughput: float | None  # items per second, every rank

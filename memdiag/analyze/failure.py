@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from memdiag import rundir
 from memdiag.collect import RankRecords, Run
-from memdiag.schema import WaitingRecord
+from memdiag.schema import FailureSummary, LastCollective, WaitingRecord
 from memdiag.units import format_bytes
 
 # Horovod's stall inspector (HOROVOD_STALL_CHECK_TIME_SECONDS) names, per rank, the tensors that the
@@ -25,7 +24,7 @@ def stalled_collectives(log: str) -> dict[int, list[str]]:
             for rank, names in _RANK_LINE.findall(blocks[-1])}
 
 
-def last_collective(run: Run, rank: int) -> dict[str, Any] | None:
+def last_collective(run: Run, rank: int) -> LastCollective | None:
     records = run.ranks.get(rank)
     if records is None or not records.collectives:
         return None
@@ -47,7 +46,7 @@ def still_waiting(records: RankRecords) -> WaitingRecord | None:
     return wait
 
 
-def diagnose(run: Run) -> dict[str, Any] | None:
+def diagnose(run: Run) -> FailureSummary | None:
     """One headline and the facts behind it, or None when the run finished."""
     m = run.manifest
     killed = {rank: r.killed for rank, r in run.ranks.items() if r.killed}

@@ -17,7 +17,18 @@ from memdiag.analyze.attribution import summary_entry as attribution_entry
 from memdiag.analyze.failure import diagnose
 from memdiag.analyze.steady import steady_figures
 from memdiag.collect import CollectiveLog, RankRecords, Run
-from memdiag.schema import CollectiveSummary, PolicySummary, RankSummary, RunSummary, StepDetail, StepRecord
+from memdiag.schema import (
+    CollectiveSummary,
+    Consistency,
+    DistinctRowsRecord,
+    DistinctRowsSummary,
+    PaddingSummary,
+    PolicySummary,
+    RankSummary,
+    RunSummary,
+    StepDetail,
+    StepRecord,
+)
 
 
 def rank_status(records: RankRecords) -> str:
@@ -273,23 +284,23 @@ def collective_summary(run: Run) -> list[CollectiveSummary]:
     return entries
 
 
-def distinct_rows_summary(run: Run) -> list[dict[str, Any]]:
+def distinct_rows_summary(run: Run) -> list[DistinctRowsSummary]:
     """Per IndexedSlices gradient: its rows T and distinct rows U per rank over the training steps
     (``distinct_rows`` records), the first step's largest U (what auto decided from), the largest U
     of any step, and the merge's compute time per step where the rows were merged."""
-    by_name: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_name: dict[str, list[DistinctRowsRecord]] = defaultdict(list)
     for records in run.ranks.values():
         for r in records.other:
             if r.get("type") == "distinct_rows" and r.get("step", 0) >= 0:
-                by_name[r["name"]].append(r)
-    entries = []
+                by_name[r["name"]].append(cast(DistinctRowsRecord, r))
+    entries: list[DistinctRowsSummary] = []
     for name, found in sorted(by_name.items()):
         first = min(r["step"] for r in found)
         per_rank: dict[str, list[int]] = {}
         for rank in sorted({r["rank"] for r in found}):
             mine = [r["distinct_rows"] for r in found if r["rank"] == rank]
             per_rank[str(rank)] = [min(mine), max(mine)]
-        merge = [r["merge_s"] for r in found if r.get("merge_s") is not None]
+        merge = [seconds for r in found if (seconds := r.get("merge_s")) is not None]
         entries.append({
             "name": name,
             "rows_max": max(r["rows"] for r in found),
@@ -451,7 +462,7 @@ def gradient_rows(run: Run, policies: dict[str, list[dict[str, Any]]]) -> dict[s
     return out
 
 
-def padding_summary(run: Run) -> list[dict[str, Any]]:
+def padding_summary(run: Run) -> list[PaddingSummary]:
     """``--engine tf-distribute``: per IndexedSlices gradient whose rows differ between workers, the zero
     rows MultiWorkerMirroredStrategy padded its gathers with (values and indices, ``pad_out_bytes``)
     and the bytes gathered, per worker and step: the step and worker with the most padding. Every
@@ -468,7 +479,7 @@ def padding_summary(run: Run) -> list[dict[str, Any]]:
             cell[0] += int(c.get("pad_out_bytes") or 0)
             cell[1] += int(c.get("bytes_out") or 0)
     policies = {p["name"]: p for records in run.ranks.values() for p in records.policies}
-    entries = []
+    entries: list[PaddingSummary] = []
     for name, found in sorted(cells.items()):
         padding, gathered = max(found.values())
         if not padding:
@@ -481,7 +492,7 @@ def padding_summary(run: Run) -> list[dict[str, Any]]:
     return entries
 
 
-def step_summary(run: Run) -> tuple[list[StepDetail], dict[str, Any]]:
+def step_summary(run: Run) -> tuple[list[StepDetail], Consistency]:
     """Per step across ranks: loss, slowest rank, highest peak, and whether parameters agree."""
     by_step: dict[int, list[StepRecord]] = defaultdict(list)
     for records in run.ranks.values():
@@ -507,7 +518,7 @@ def step_summary(run: Run) -> tuple[list[StepDetail], dict[str, Any]]:
             "peak_rss_bytes_max": max(e["peak_rss_bytes"] for e in entries),
             "params_identical_across_ranks": identical,
         })
-    consistency = {"checked_steps": checked, "ranks_identical": not mismatched if checked else None,
+    consistency: Consistency = {"checked_steps": checked, "ranks_identical": not mismatched if checked else None,
                    "mismatched_steps": mismatched}
     return rows, consistency
 

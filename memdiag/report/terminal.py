@@ -13,7 +13,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from memdiag.report._fit import Column, FitTable
-from memdiag.schema import CollectiveSummary, PolicySummary, RunSummary
+from memdiag.schema import CollectiveSummary, DistinctRowsSummary, PolicySummary, RunSummary
 from memdiag.units import format_bytes
 
 MAX_TENSOR_ROWS = 12
@@ -146,9 +146,10 @@ def padding_table(summary: RunSummary) -> FitTable | None:
                      title="Padded gathers (MultiWorkerMirroredStrategy, per worker per step)")
     scope = common_scope([e["name"] for e in entries])
     for e in entries:
-        rows = e.get("rows_per_worker") or []
+        rows = e.get("rows_per_worker") or []  # (tolerant: summaries written before a field are read too)
         span = "" if not rows else (str(rows[0]) if min(rows) == max(rows) else f"{min(rows)}-{max(rows)}")
-        share = "" if e.get("padding_share") is None else f"{100 * e['padding_share']:.0f}%"
+        padding_share = e.get("padding_share")
+        share = "" if padding_share is None else f"{100 * padding_share:.0f}%"
         table.add_row(short_name(e["name"], scope), span, format_bytes(e["gathered_bytes_per_step"]),
                       format_bytes(e["padding_bytes_per_step"]), share)
     return table
@@ -159,13 +160,13 @@ def footer(summary: RunSummary) -> Text:
     failure = summary.get("failure")
     if failure:
         text.append(failure["headline"] + "\n", style="bold red")
-    consistency = summary.get("consistency") or {}
-    if consistency.get("checked_steps"):
-        if consistency.get("ranks_identical"):
+    consistency = summary.get("consistency")
+    if consistency and consistency["checked_steps"]:
+        if consistency["ranks_identical"]:
             text.append(f"parameters identical on all ranks at each of {consistency['checked_steps']} steps\n",
                         style="green")
         else:
-            text.append(f"parameters DIFFER between ranks at steps {consistency.get('mismatched_steps')}\n",
+            text.append(f"parameters DIFFER between ranks at steps {consistency['mismatched_steps']}\n",
                         style="bold red")
     if summary.get("throughput_items_per_s"):
         text.append(f"throughput {summary['throughput_items_per_s']:.0f} items/s (all ranks)\n")
@@ -291,7 +292,7 @@ def script_text(summary: RunSummary) -> Text:
     return text
 
 
-def guard_outgrown(d: dict[str, Any], policy: PolicySummary | None) -> str | None:
+def guard_outgrown(d: DistinctRowsSummary, policy: PolicySummary | None) -> str | None:
     """auto decided from the first step's U times the guard: say so when a later U went beyond it."""
     from memdiag.policy import guarded_distinct_rows
 
@@ -306,14 +307,15 @@ def guard_outgrown(d: dict[str, Any], policy: PolicySummary | None) -> str | Non
             f"({policy['decision']}) may no longer be the cheapest")
 
 
-def distinct_rows_line(d: dict[str, Any]) -> str:
+def distinct_rows_line(d: DistinctRowsSummary) -> str:
     """T and U of one IndexedSlices gradient over a run's ranks and steps, and the merge's cost."""
     low, high = d["distinct_rows_min"], d["distinct_rows_max"]
     line = (f"{d['name']}: {low}-{high} distinct of {d['rows_max']} rows per rank "
             f"(U/T {low / d['rows_max']:.2f}-{high / d['rows_max']:.2f}; first step's largest U "
             f"{d['first_step_distinct_rows_max']}, over {d['steps']} steps)" if d["rows_max"] else d["name"])
-    if d.get("merge_s_median") is not None:
-        line += f"; merging took {d['merge_s_median'] * 1000:.2f} ms per step (median)"
+    merge_s = d.get("merge_s_median")
+    if merge_s is not None:
+        line += f"; merging took {merge_s * 1000:.2f} ms per step (median)"
     return line
 
 
