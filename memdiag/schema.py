@@ -538,6 +538,76 @@ class Physics(TypedDict, total=False):
     noise_source: str | None
 
 
+class ReductionFigures(TypedDict):
+    """The worst of a set of reduction checks (memdiag.analyze.compare.reduction_result)."""
+
+    max_abs_diff: float | None
+    max_rel_diff: float | None
+    rtol: float
+    rounding_bound_ratio: float | None  # <= 1: within float rounding's bound for the rows' sums
+    terms_max: int | None
+    passed: bool | None  # None: nothing was checked
+
+
+class ReductionResult(ReductionFigures):
+    """Both reductions of the same IndexedSlices gradients compared in the verification run."""
+
+    world_size: int
+    tensors: list[str]
+    by_reduction: dict[str, ReductionFigures]  # dense, dedup: each path against the allgather
+    reduce_ops: list[str]
+    skipped: list[str]
+    failed_run: NotRequired[str | None]  # the verification run's status, where it did not finish
+
+
+class VariableCheck(TypedDict):
+    """One variable's final values against the reference mode's (memdiag.analyze.verify.VariableDiff)."""
+
+    name: str
+    max_abs_diff: float
+    max_rel_diff: float
+    passed: bool
+    max_update: float | None
+    allowance: float
+
+
+class SpreadCheck(TypedDict):
+    """The distance between two runs of one mode (another summation order), and whether a failed check is within it."""
+
+    max_abs_diff: float | None
+    loss_max_rel_diff: float | None
+    within: bool
+
+
+class RankOrderLook(TypedDict):
+    """A failed check looked at again against a run that sums the ranks' gradients in rank order."""
+
+    run: str
+    passed: bool | None
+    max_abs_diff: float | None
+    max_rel_diff: float | None
+    loss_max_rel_diff: float | None
+    spread: NotRequired[SpreadCheck]
+
+
+class ParameterCheck(TypedDict):
+    """One mode's final parameters and losses against the reference mode's at one rank count."""
+
+    world_size: int
+    mode: str
+    against: str
+    max_abs_diff: float | None
+    max_rel_diff: float | None
+    loss_max_rel_diff: float | None
+    variables: list[VariableCheck]
+    passed: bool | None  # None: not compared (see note)
+    note: NotRequired[str]
+    terms: NotRequired[int | None]
+    update_allowance: NotRequired[float | None]
+    as_run_passed: NotRequired[bool]  # a check that failed as run and passed on its rank-order look
+    rank_order: NotRequired[RankOrderLook]
+
+
 class Correctness(TypedDict, total=False):
     """A comparison's checks (``compare.json`` ``correctness``; memdiag.analyze.compare.correctness)."""
 
@@ -549,9 +619,9 @@ class Correctness(TypedDict, total=False):
     terms_max: int | None
     update_allowance: float | None
     ranks_identical_every_step: bool | None
-    reduction: dict[str, Any] | None  # the reduction check (memdiag.analyze.compare.reduction_result)
+    reduction: ReductionResult | None  # the reduction check (memdiag.analyze.compare.reduction_result)
     notes: list[str]
-    checks: list[dict[str, Any]]  # the parameters of each mode against the reference mode's
+    checks: list[ParameterCheck]  # the parameters of each mode against the reference mode's
 
 
 class Comparison(TypedDict, total=False):
@@ -755,4 +825,4 @@ class CrossEngineCheck(TypedDict, total=False):
     worst_variable: str | None  # the variable with the largest |diff|
     note: str
     as_run_passed: bool  # present (False) where a second look decided: against the reference's rank-order run
-    rank_order: dict[str, Any]  # that second look: run, passed, max_abs_diff, max_rel_diff, loss_max_rel_diff
+    rank_order: RankOrderLook  # that second look

@@ -16,7 +16,7 @@ import os
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -33,10 +33,16 @@ from memdiag.schema import (
     EngineRow,
     EnginesComparison,
     EnginesVerdict,
+    ParameterCheck,
     Physics,
     PolicySummary,
+    RankOrderLook,
     ReductionCheckRecord,
+    ReductionFigures,
+    ReductionResult,
     RunSummary,
+    SpreadCheck,
+    VariableCheck,
 )
 
 
@@ -172,7 +178,7 @@ def _add_merging(tensors: dict[str, dict[str, Any]], summaries: dict[tuple[int, 
                           "merge_s_median": d.get("merge_s_median")}
 
 
-def reduction_result(verify_summary: RunSummary | None) -> dict[str, Any] | None:
+def reduction_result(verify_summary: RunSummary | None) -> ReductionResult | None:
     """Both reductions of the same IndexedSlices gradients, compared in one process, with the
     script's own op, compression and process set."""
     if verify_summary is None:
@@ -191,7 +197,7 @@ def reduction_result(verify_summary: RunSummary | None) -> dict[str, Any] | None
         ratio = check.get("rounding_bound_ratio")
         return ratio if ratio is not None else float(check["max_rel_diff"]) / rtol(check)
 
-    def worst_of(selected: list[ReductionCheckRecord]) -> dict[str, Any]:
+    def worst_of(selected: list[ReductionCheckRecord]) -> ReductionFigures:
         worst = max(selected, key=against_tolerance, default=None)
         return {"max_abs_diff": None if worst is None else worst["max_abs_diff"],
                 "max_rel_diff": None if worst is None else worst["max_rel_diff"],
@@ -203,28 +209,29 @@ def reduction_result(verify_summary: RunSummary | None) -> dict[str, Any] | None
     # Records older than the merged check compared the dense path only.
     by_reduction = {against: worst_of([c for c in checks if c.get("against", "dense") == against])
                     for against in ("dense", "dedup")}
-    result = {
+    result = cast(ReductionResult, {
         "world_size": verify_summary["world_size"],
         "tensors": sorted({c["name"] for c in checks}),
         **worst_of(checks),
         "by_reduction": {k: v for k, v in by_reduction.items() if v["passed"] is not None},
         "reduce_ops": sorted({c.get("reduce_op") or "average" for c in checks}),
         "skipped": skipped,
-    }
+    })
     if verify_summary.get("status", "ok") != "ok":
         # The check did not finish: that is a failed verification, not one with nothing to compare.
-        result.update(passed=False, failed_run=verify_summary.get("status"))
+        result["passed"] = False
+        result["failed_run"] = verify_summary.get("status")
     return result
 
 
 def _parameter_check(n: int, mode: str, reference_mode: str, ref_dir: str, run_dir: str,
                      ref: RunSummary, other: RunSummary,
-                     reduction: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                     reduction: ReductionResult | None = None) -> ParameterCheck:
     """Final parameters and losses of one mode against the reference mode at the same rank count.
     ``reduction``: the comparison's reduction check (:func:`reduction_result`), the evidence a note
     explaining a failure needs (:func:`optimizer_note`)."""
-    base = {"world_size": n, "mode": mode, "against": reference_mode, "max_abs_diff": None,
-            "max_rel_diff": None, "loss_max_rel_diff": None, "variables": []}
+    base: ParameterCheck = {"world_size": n, "mode": mode, "against": reference_mode, "max_abs_diff": None,
+                            "max_rel_diff": None, "loss_max_rel_diff": None, "variables": [], "passed": None}
     if ref.get("initial_params_digest") and other.get("initial_params_digest") \
             and ref["initial_params_digest"] != other["initial_params_digest"]:
         # Different starting points say nothing about the reduction: the reduction check decides.
@@ -250,12 +257,12 @@ def _parameter_check(n: int, mode: str, reference_mode: str, ref_dir: str, run_d
     return {**base, "passed": passed,
             "max_abs_diff": max((d.max_abs_diff for d in diffs), default=0.0),
             "max_rel_diff": max((d.max_rel_diff for d in diffs), default=0.0),
-            "loss_max_rel_diff": losses, "variables": [d.__dict__ for d in diffs],
+            "loss_max_rel_diff": losses, "variables": [cast(VariableCheck, dict(d.__dict__)) for d in diffs],
             "terms": terms if initial is not None else None,
             "update_allowance": verify.update_allowance(terms) if initial is not None else None}
 
 
-def optimizer_note(keras: str, diffs: Sequence[verify.VariableDiff], reduction: Mapping[str, Any] | None) -> str | None:
+def optimizer_note(keras: str, diffs: Sequence[verify.VariableDiff], reduction: ReductionResult | None) -> str | None:
     """Under Keras 3, why sparse and dense may part with a correct reduction, said only where two
     measurements support it (None otherwise):
 
@@ -269,9 +276,9 @@ def optimizer_note(keras: str, diffs: Sequence[verify.VariableDiff], reduction: 
       part of the update, never more than all of it. A larger gap (a parameter that moved 1e-4 ending
       1e-2 apart) is not an optimizer applying the same gradient otherwise.
     """
-    dense = ((reduction or {}).get("by_reduction") or {}).get("dense")
-    if not dense or dense.get("passed") is not True or dense.get("rounding_bound_ratio") is None \
-            or dense["rounding_bound_ratio"] > 1:
+    dense = (reduction.get("by_reduction") or {}).get("dense") if reduction else None
+    ratio = dense.get("rounding_bound_ratio") if dense else None
+    if not dense or dense.get("passed") is not True or ratio is None or ratio > 1:
         return None
     failed = [d for d in diffs if not d.passed]
     if not failed or any(d.max_update is None or d.max_abs_diff > d.max_update for d in failed):
@@ -280,13 +287,13 @@ def optimizer_note(keras: str, diffs: Sequence[verify.VariableDiff], reduction: 
     return (f"under Keras {keras} the optimizer applies an IndexedSlices with repeated rows otherwise than its "
             "dense sum (Adam's second moment adds each row's square, not the square of their sum; "
             f"docs/howto/failed-check.md): the reduction check found both reductions within "
-            f"{dense['rounding_bound_ratio']:.2g} of float rounding's bound, and the largest gap, "
+            f"{ratio:.2g} of float rounding's bound, and the largest gap, "
             f"{worst.max_abs_diff:.3g} in {worst.name}, is within that variable's own largest update "
             f"({worst.max_update:.3g}): sparse and dense train apart whatever the reduction")
 
 
-def rank_order_check(check: dict[str, Any], ref_dir: str, ref: RunSummary, order_dir: str,
-                     run_dir: str, run: RunSummary) -> dict[str, Any]:
+def rank_order_check(check: ParameterCheck, ref_dir: str, ref: RunSummary, order_dir: str,
+                     run_dir: str, run: RunSummary) -> ParameterCheck:
     """A failed parameter check, looked at again: the same mode at the same rank count run once more
     with Open MPI's allreduce summing the ranks' gradients in rank order, the order in which the
     allgather path's optimizer sums the gathered rows. The rounding of a float32 sum depends on its
@@ -315,14 +322,14 @@ def rank_order_check(check: dict[str, Any], ref_dir: str, ref: RunSummary, order
     return {**check, "passed": passed, "as_run_passed": False, "rank_order": look}
 
 
-def _spread(check: Mapping[str, Any], spread: Mapping[str, Any]) -> dict[str, Any]:
+def _spread(check: ParameterCheck, spread: ParameterCheck) -> SpreadCheck:
     """What compare.json keeps of the distance between two runs of one job (``spread``), and whether
     the failed ``check`` is within it (:func:`within_spread`)."""
     return {"max_abs_diff": spread["max_abs_diff"], "loss_max_rel_diff": spread["loss_max_rel_diff"],
             "within": within_spread(check, spread)}
 
 
-def within_spread(check: Mapping[str, Any], spread: Mapping[str, Any]) -> bool:
+def within_spread(check: ParameterCheck, spread: ParameterCheck) -> bool:
     """Whether every variable that failed ``check`` is no farther from the reference than the two
     runs of its mode are from each other (``spread``: the same job, another summation order), and
     the losses as close."""
@@ -332,10 +339,13 @@ def within_spread(check: Mapping[str, Any], spread: Mapping[str, Any]) -> bool:
             continue
         if v["name"] not in apart or not math.isfinite(v["max_abs_diff"]) or v["max_abs_diff"] > apart[v["name"]]:
             return False
-    return bool(check["loss_max_rel_diff"] <= max(verify.RTOL, spread["loss_max_rel_diff"]))
+    loss, spread_loss = check["loss_max_rel_diff"], spread["loss_max_rel_diff"]
+    if loss is None or spread_loss is None:
+        return False  # not compared: nothing shows the check within the spread
+    return bool(loss <= max(verify.RTOL, spread_loss))
 
 
-def _second_look(found: dict[str, Any], order_dir: str) -> dict[str, Any]:
+def _second_look(found: ParameterCheck, order_dir: str) -> RankOrderLook:
     """What compare.json keeps of a check against a rank-order run (``rank_order``)."""
     return {"run": os.path.basename(os.path.normpath(order_dir)), "passed": found["passed"],
             "max_abs_diff": found["max_abs_diff"], "max_rel_diff": found["max_rel_diff"],
@@ -412,8 +422,9 @@ def correctness(run_dirs: dict[tuple[int, str], str], summaries: dict[tuple[int,
         "max_rel_diff": max((c["max_rel_diff"] or 0.0 for c in compared), default=None),
         "rtol": verify.RTOL,
         "atol": verify.ATOL,
-        "terms_max": max((c["terms"] for c in compared if c.get("terms")), default=None),
-        "update_allowance": max((c["update_allowance"] for c in compared if c.get("update_allowance")), default=None),
+        "terms_max": max((terms for c in compared if (terms := c.get("terms"))), default=None),
+        "update_allowance": max((allowance for c in compared if (allowance := c.get("update_allowance"))),
+                                default=None),
         "ranks_identical_every_step": ranks_identical,
         "reduction": reduction,
         "notes": sorted({c["note"] for c in checks if c.get("note")}),

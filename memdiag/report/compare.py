@@ -14,7 +14,7 @@ from rich.text import Text
 from memdiag.report._fit import Column, FitTable
 from memdiag.report.chart import peak_chart
 from memdiag.report.terminal import LIVE_ASSUMPTION, common_scope, describe_memory_environment, short_name
-from memdiag.schema import Comparison, EnginesComparison, Physics
+from memdiag.schema import Comparison, EnginesComparison, Physics, RankOrderLook
 from memdiag.units import format_bytes
 
 
@@ -165,26 +165,27 @@ def correctness_text(result: Comparison, text: Text) -> None:
                             f"run again summing the ranks' gradients in rank order, as the allgather path sums "
                             f"them ({again['run']}): max |diff| {_num(again['max_abs_diff'])}, ",
                             style=None if check["passed"] else "red")
-                text.append(second_look_outcome(check), style=None if check["passed"] else "red")
+                text.append(second_look_outcome(check["rank_order"], check["mode"], check["against"]),
+                            style=None if check["passed"] else "red")
             if check["passed"] is False:
                 text.append(f"  N={check['world_size']} {check['mode']} vs {check['against']}: "
                             f"max |diff| {_num(check['max_abs_diff'])}, loss rel diff "
                             f"{_num(check['loss_max_rel_diff'])} {check.get('note', '')}\n", style="red")
 
 
-def second_look_outcome(check: dict[str, Any], runs: str | None = None) -> str:
-    """How a failed parameter check's second look ended (``rank_order``), in words; ``runs``: what the
-    two runs of the spread are (the mode's, unless said)."""
-    again, spread = check["rank_order"], check["rank_order"].get("spread")
+def second_look_outcome(again: RankOrderLook, mode: str, against: str, runs: str | None = None) -> str:
+    """How a failed parameter check of ``mode`` against ``against`` ended its second look (``again``,
+    its ``rank_order``), in words; ``runs``: what the two runs of the spread are (the mode's, unless said)."""
+    spread = again.get("spread")
     if again["passed"]:
         return "within it: the difference was the summation order's rounding\n"
     if spread is None:
         return "beyond it too\n"
-    runs = runs or f"the two runs of {check['mode']}"
+    runs = runs or f"the two runs of {mode}"
     apart = f"beyond it too; {runs}, which differ in the summation order alone, are {_num(spread['max_abs_diff'])} apart"
     if spread["within"]:
-        return apart + f": the difference from {check['against']} is within that rounding, variable by variable\n"
-    return apart + f", less than from {check['against']}\n"
+        return apart + f": the difference from {against} is within that rounding, variable by variable\n"
+    return apart + f", less than from {against}\n"
 
 
 def physics_parts(p: Physics) -> list[str]:
@@ -414,7 +415,7 @@ def engines_details(result: EnginesComparison) -> Text:
                             f"against {check['against_engine']}'s run, beyond the tolerance; against its run again "
                             f"with MPI's allreduce in rank order ({again['run']}): max |diff| "
                             f"{_num(again['max_abs_diff'])}, "
-                            + second_look_outcome({**check, "against": f"{check['against_engine']}'s run"},
+                            + second_look_outcome(again, check["mode"], f"{check['against_engine']}'s run",
                                                   runs=f"{check['against_engine']}'s two runs"),
                             style=None if check["passed"] else "red")
             if check["passed"] is False:

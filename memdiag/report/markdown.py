@@ -60,7 +60,7 @@ def compare_markdown(comparison: Comparison | EnginesComparison) -> str:
             verdict += (f"\n\n- N={check['world_size']} {check['mode']} vs {check['against']}: max abs diff "
                         f"{check['max_abs_diff']:.3g} as run, beyond the tolerance; again with MPI's allreduce in "
                         f"rank order (`{again['run']}`): {again['max_abs_diff']:.3g}, "
-                        + second_look_outcome(check).strip())
+                        + second_look_outcome(again, check["mode"], check["against"]).strip())
     for note in c.get("notes", []):  # each backed by the comparison's own measurements (analyze.compare)
         verdict += f"\n\n- {note}"
     return f"## compare sparse-vs-dense: {result['workload']}\n\n{rows}\n\n{growth}\n\n{verdict}\n"

@@ -227,7 +227,7 @@ def test_across_engines_a_pair_within_the_references_own_rounding_spread_passes_
     # THEN the rank-order run alone fails, the pair is within Horovod's own two runs' distance: passed
     assert check["rank_order"]["passed"] is False and abs(check["rank_order"]["spread"]["max_abs_diff"] - 3e-4) < 1e-6
     assert check["rank_order"]["spread"]["within"] is True and check["passed"] is True
-    words = second_look_outcome({**check, "against": "horovod's run"}, runs="horovod's two runs")
+    words = second_look_outcome(check["rank_order"], check["mode"], "horovod's run", runs="horovod's two runs")
     assert "horovod's two runs" in words and "within that rounding" in words
 
     # GIVEN instead a rank-order run 1e-5 from Horovod's measured one (a tenth of the gap between engines)
