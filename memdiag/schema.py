@@ -515,6 +515,34 @@ class CompareRow(TypedDict, total=False):
     failure: FailureSummary | None
 
 
+class MergedTensor(TypedDict):
+    """What merging did to one gathered tensor in the dedup run at the largest rank count."""
+
+    world_size: int
+    rows_largest_rank: int
+    distinct_rows_min: int
+    distinct_rows_max: int
+    distinct_rows_per_rank: dict[str, list[int]]
+    gathered_bytes: int  # merged, per rank per step
+    unmerged_gathered_bytes: int | None  # the sparse run's at that N (None: no sparse run there)
+    bytes_saved: int | None
+    merge_s_median: float | None
+
+
+class GrowthTensor(TypedDict):
+    """One IndexedSlices gradient of a comparison (``compare.json`` ``tensors``): its growth per added
+    rank on the sparse runs, what auto chose for it, and what merging did."""
+
+    name: str
+    growth_bytes_per_rank: int | None  # None: no sparse run gathered it
+    gathered_bytes: int | None
+    at_world_size: int | None
+    auto_decision: NotRequired[str]
+    auto_reason: NotRequired[str]
+    auto_world_size: NotRequired[int]
+    dedup: NotRequired[MergedTensor]
+
+
 class Physics(TypedDict, total=False):
     """The figures of a comparison's verdict (``compare.json`` ``physics``; memdiag.analyze.compare.physics)."""
 
@@ -638,7 +666,7 @@ class Comparison(TypedDict, total=False):
     live_growth_bytes_per_rank: dict[str, float | None]
     growth_fitted_from_world_size: int
     predicted_growth_bytes_per_rank: int | None
-    tensors: list[dict[str, Any]]
+    tensors: list[GrowthTensor]
     correctness: Correctness
     oversubscribed: bool
     memory_environment: dict[str, Any]

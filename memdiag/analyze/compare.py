@@ -33,6 +33,7 @@ from memdiag.schema import (
     EngineRow,
     EnginesComparison,
     EnginesVerdict,
+    GrowthTensor,
     ParameterCheck,
     Physics,
     PolicySummary,
@@ -111,7 +112,7 @@ def predicted_growth(summaries: dict[tuple[int, str], RunSummary], min_world_siz
     return round(fit[0])
 
 
-def growth_tensors(summaries: dict[tuple[int, str], RunSummary], min_world_size: int = 1) -> list[dict[str, Any]]:
+def growth_tensors(summaries: dict[tuple[int, str], RunSummary], min_world_size: int = 1) -> list[GrowthTensor]:
     """The IndexedSlices gradients that were gathered, with what auto chose for each and why. A tensor's
     growth per added rank is its gathered bytes (from the records) fitted over the sparse runs of
     N >= ``min_world_size`` and N >= 2 as the formula's are (:func:`predicted_growth`); with one run, its
@@ -123,7 +124,7 @@ def growth_tensors(summaries: dict[tuple[int, str], RunSummary], min_world_size:
         _, auto_summary = max(autos, key=lambda item: item[0])
         auto_policy = {p["name"]: p for p in auto_summary.get("policy", [])}
         auto_n = max(n for n, _ in autos)
-    tensors: dict[str, dict[str, Any]] = {}
+    tensors: dict[str, GrowthTensor] = {}
     if sparse:
         n, summary = max(sparse, key=lambda item: item[0])
         # as the formula's line: one rank gathers nothing (no collective), so N=1 is not on it
@@ -154,7 +155,7 @@ def _gathered_by_tensor(summary: RunSummary) -> dict[str, int]:
     return dict(found)
 
 
-def _add_merging(tensors: dict[str, dict[str, Any]], summaries: dict[tuple[int, str], RunSummary]) -> None:
+def _add_merging(tensors: dict[str, GrowthTensor], summaries: dict[tuple[int, str], RunSummary]) -> None:
     """What merging did to each gathered tensor, from the dedup run at the largest rank count: the
     distinct rows U against the rows T per rank, the bytes gathered merged and unmerged at that N, and
     what the merge cost in compute per step."""

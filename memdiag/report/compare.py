@@ -96,10 +96,11 @@ def verdict(result: Comparison) -> Text:
             text.append(f"  {short_name(t['name'], scope)} merged (dedup, N={d['world_size']}): "
                         f"{d['distinct_rows_min']}-{d['distinct_rows_max']} distinct of {d['rows_largest_rank']} rows "
                         f"per rank, gathered {format_bytes(d['gathered_bytes'])}")
-            if d.get("bytes_saved") is not None:
-                text.append(f" ({format_bytes(d['bytes_saved'])} less than unmerged)")
-            if d.get("merge_s_median") is not None:
-                text.append(f"; merging cost {d['merge_s_median'] * 1000:.2f} ms per step")
+            saved, merge_s = d.get("bytes_saved"), d.get("merge_s_median")
+            if saved is not None:
+                text.append(f" ({format_bytes(saved)} less than unmerged)")
+            if merge_s is not None:
+                text.append(f"; merging cost {merge_s * 1000:.2f} ms per step")
             text.append("\n")
     correctness_text(result, text)
     environment_notes(result, text)
