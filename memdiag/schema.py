@@ -703,6 +703,27 @@ class MeasuredRow(TypedDict):
     collective_bytes_per_rank: int
 
 
+class ShapeFields(TypedDict):
+    """One IndexedSlices gradient's sizes as the formula takes them (memdiag.formula.SparseGradientShape)."""
+
+    rows_per_rank: int
+    row_bytes: int
+    index_bytes: int
+    dense_rows: int
+    row_elements: int
+    distinct_rows: int | None
+
+
+class TensorRows(TypedDict):
+    """Where a prediction's rows of one gradient came from: every rank's, as measured."""
+
+    rows_per_rank: int | None  # what every added rank is assumed to bring: the largest rank's rows
+    own_rows_by_rank: dict[str, int] | None
+    rows_gathered: int | None  # the sum over the ranks at the measured N
+    rows_from: str | None  # trace or records
+    world_size: int | None
+
+
 class Prediction(TypedDict, total=False):
     """What ``memdiag predict`` prints and writes as JSON (memdiag.analyze.model.prediction_table)."""
 
@@ -721,8 +742,8 @@ class Prediction(TypedDict, total=False):
     fitted_cost_per_gathered_byte: float | None
     base_bytes: dict[str, float]
     fitted_from_world_sizes: list[int]
-    tensors: dict[str, dict[str, Any]]  # per tensor: its shape (memdiag.formula.SparseGradientShape's fields)
-    tensor_rows: dict[str, dict[str, Any]]  # per tensor: every rank's rows, as measured
+    tensors: dict[str, ShapeFields]  # per tensor: its shape
+    tensor_rows: dict[str, TensorRows]  # per tensor: every rank's rows, as measured
     not_predicted: dict[str, str]  # gradients left out of the prediction, with why
     measured: list[MeasuredRow]
 

@@ -61,13 +61,13 @@ interval is searched on its own (see :meth:`MemoryModel.ranks_over_budget`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, cast
 
 from memdiag._errors import UserError
 from memdiag.formula import SparseGradientShape
 from memdiag.policy import decide, guarded_distinct_rows
-from memdiag.schema import Prediction, PredictionRow, RunSummary
+from memdiag.schema import Prediction, PredictionRow, RunSummary, ShapeFields, TensorRows
 
 AVERAGE, SUM = "average", "sum"
 GATHERING_OPS = (AVERAGE, SUM)  # the only ops Horovod 0.28.1 reduces an IndexedSlices with by allgather
@@ -93,7 +93,7 @@ class MemoryModel:
     margin: float = 1.0
     fitted_cost: float | None = None  # slope of a straight fit over the measured N, for comparison
     not_predicted: dict[str, str] = field(default_factory=dict)  # gradients left out, with why
-    rows: dict[str, dict[str, Any]] = field(default_factory=dict)  # per tensor: every rank's rows, as measured
+    rows: dict[str, TensorRows] = field(default_factory=dict)  # per tensor: every rank's rows, as measured
     groups: list[frozenset[str]] = field(default_factory=list)  # tensors one grouped allgather holds together
 
     # -- the reduce op and what a gathered byte costs ---------------------------------------------
@@ -407,8 +407,10 @@ def build_model(summaries: list[RunSummary], margin: float = 1.0) -> MemoryModel
             if p.get("script_sparse_as_dense"):
                 script_densifies.add(p["name"])
     dense_bytes = max((dense_collective_bytes(s) for s in summaries if s["world_size"] > 1), default=0)
-    rows = {name: {k: fields[name].get(k) for k in ("rows_per_rank", "own_rows_by_rank", "rows_gathered",
-                                                     "rows_from", "world_size")} for name in tensors}
+    rows: dict[str, TensorRows] = {
+        name: {"rows_per_rank": fields[name].get("rows_per_rank"), "own_rows_by_rank": fields[name].get("own_rows_by_rank"),
+               "rows_gathered": fields[name].get("rows_gathered"), "rows_from": fields[name].get("rows_from"),
+               "world_size": fields[name].get("world_size")} for name in tensors}
     groups = {frozenset(n for n in group if n in tensors) for s in summaries for group in s.get("allgather_groups", [])}
     model = MemoryModel(tensors, dense_bytes, {}, reduce_ops=reduce_ops, script_densifies=frozenset(script_densifies),
                         fitted_from=[s["world_size"] for s in summaries], margin=margin,
@@ -482,7 +484,7 @@ def prediction_table(model: MemoryModel, rank_counts: list[int], modes: list[str
         "fitted_cost_per_gathered_byte": model.fitted_cost,
         "base_bytes": model.base,
         "fitted_from_world_sizes": sorted(set(model.fitted_from)),
-        "tensors": {name: vars(shape) for name, shape in model.tensors.items()},
+        "tensors": {name: cast(ShapeFields, asdict(shape)) for name, shape in model.tensors.items()},
         # what every added rank is assumed to bring: the largest rank's rows, beside what was measured
         "tensor_rows": model.rows,
         "not_predicted": model.not_predicted,
