@@ -748,6 +748,21 @@ class Prediction(TypedDict, total=False):
     measured: list[MeasuredRow]
 
 
+class Study(TypedDict):
+    """What a scaling study ran (``scale.json`` ``study``); one run read as a study has ``scaling`` None."""
+
+    workload: str
+    preset: str | None
+    scaling: str | None  # weak, strong; None: one run
+    mode: str
+    steps: int
+    rank_counts: list[int]
+    hosts: str | None
+    overrides: dict[str, str]
+    batch_overrides: dict[str, Any]  # per rank count: the batch plan of that run
+    mem_limit_bytes: NotRequired[int | None]
+
+
 class ScaleRow(TypedDict):
     """One rank count of ``scale.json`` ``rows`` (memdiag.analyze.scaling.measured_row): per rank and per
     step, maxima over the ranks."""
@@ -777,7 +792,7 @@ class ScaleRow(TypedDict):
 class ScaleResult(TypedDict):
     """``scale.json`` (memdiag.analyze.scaling.build_result; ``memdiag scale`` adds the directory)."""
 
-    study: dict[str, Any]  # what was run: workload, scaling, mode, steps, rank_counts, hosts, ...
+    study: Study
     rows: list[ScaleRow]
     scaling_experiment: bool  # every rank had the same cores at every N
     warnings: list[str]

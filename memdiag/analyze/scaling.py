@@ -19,7 +19,7 @@ from memdiag._errors import UserError
 from memdiag.analyze import projection as model
 from memdiag.collect import read_rank_file
 from memdiag.hosts import ranks_per_host
-from memdiag.schema import SETUP_STEP, RunSummary, ScaleResult, ScaleRow
+from memdiag.schema import SETUP_STEP, RunSummary, ScaleResult, ScaleRow, Study
 
 COLLECTIVE_TIME_METHOD = (
     "in coll.: from rank 0's Horovod timeline, the union of the intervals in which a collective was "
@@ -47,10 +47,11 @@ def analyze_dir(path: str, projection: ProjectionRequest | None) -> ScaleResult:
         return build_result(saved["study"], run_dirs, projection)
     if os.path.isfile(os.path.join(path, rundir.SUMMARY)) and os.path.isfile(os.path.join(path, rundir.RUN_MANIFEST)):
         summary = rundir.read_summary(path)
-        study = {"workload": summary["workload"], "preset": summary["preset"], "scaling": None,
-                 "mode": summary["mode"], "steps": summary["steps"], "rank_counts": [summary["world_size"]],
-                 "hosts": rundir.read_json(os.path.join(path, rundir.RUN_MANIFEST)).get("hosts"), "overrides": {},
-                 "batch_overrides": {}}
+        study: Study = {"workload": summary["workload"] or os.path.basename(os.path.normpath(path)),
+                        "preset": summary["preset"], "scaling": None, "mode": summary["mode"],
+                        "steps": summary["steps"] or 0, "rank_counts": [summary["world_size"]],
+                        "hosts": rundir.read_json(os.path.join(path, rundir.RUN_MANIFEST)).get("hosts"),
+                        "overrides": {}, "batch_overrides": {}}
         return build_result(study, {summary["world_size"]: path}, projection)
     raise UserError(f"--from {path}: no {rundir.SCALE_FILE} or run summary there; give a directory written by "
                     "`memdiag scale` or `memdiag run`")
@@ -58,7 +59,7 @@ def analyze_dir(path: str, projection: ProjectionRequest | None) -> ScaleResult:
 
 # -- the analysis -----------------------------------------------------------------------------------
 
-def build_result(study: dict[str, Any], run_dirs: dict[int, str], projection: ProjectionRequest | None) -> ScaleResult:
+def build_result(study: Study, run_dirs: dict[int, str], projection: ProjectionRequest | None) -> ScaleResult:
     rows = [measured_row(rundir.read_summary(d),
                          rundir.read_json(os.path.join(d, rundir.RUN_MANIFEST)), d)
             for _, d in sorted(run_dirs.items())]

@@ -28,7 +28,7 @@ from memdiag.analyze import scaling
 from memdiag.launch.options import LaunchOptions
 from memdiag.launch.session import RunRequest, execute, is_script, label, validate
 from memdiag.policy import AS_WRITTEN
-from memdiag.schema import Comparison, EnginesComparison, ScaleResult
+from memdiag.schema import Comparison, EnginesComparison, ScaleResult, Study
 from memdiag.workloads import check as check_workload
 from memdiag.workloads import configs
 
@@ -257,7 +257,7 @@ def run_scale(request: ScaleRequest, projection: scaling.ProjectionRequest | Non
             progress.remove_task(task)
             progress.advance(overall)
             console.print(f"  finished N={n}", highlight=False)
-    study = {
+    study: Study = {
         "workload": request.label,
         "preset": None if request.is_script else request.options.preset,
         "scaling": request.scaling,
