@@ -850,6 +850,18 @@ class EnginesVerdict(TypedDict, total=False):
     formula_exact: dict[str, bool]  # engine -> measured gathered bytes equal the formula's in every sparse run
 
 
+class EnginesCorrectness(TypedDict):
+    """A comparison of engines' checks: each engine's own, and its runs against the reference engine's."""
+
+    passed: bool | None
+    by_engine: dict[str, bool | None]
+    reduction_checked: list[str]  # the engines whose verification run ran
+    across_engines: list[CrossEngineCheck]
+    across_engines_passed: bool | None
+    rtol: float
+    atol: float
+
+
 class EnginesComparison(TypedDict, total=False):
     """``compare.json`` of ``--engine both`` (memdiag.analyze.compare.build_engines, with what was compared)."""
 
@@ -861,7 +873,7 @@ class EnginesComparison(TypedDict, total=False):
     headline: str | None
     side_by_side: list[EngineRow]
     verdict: EnginesVerdict
-    correctness: dict[str, Any]  # passed, by_engine, reduction_checked, across_engines (CrossEngineCheck), ...
+    correctness: EnginesCorrectness
     engines: dict[str, Comparison]  # each engine's own comparison
     all_ok: bool
     oversubscribed: bool
