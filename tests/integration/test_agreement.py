@@ -1,7 +1,10 @@
 """Agreement between ranks under real mpirun (memdiag.agreement): the MPI and Horovod transports with ranks
 that ask in different orders, or one rank that asks once more; and a user's script whose ranks reduce
 the same sparse gradients in different orders, which Horovod runs as written and memdiag's auto ends at
-once with the reason (before: each rank waited in its own max-allreduce until --timeout)."""
+once with the reason (before: Horovod paired the ranks' eager max-allreduces in call order, so each
+tensor's rows were agreed with another tensor's, silently); and a rank with a sparse gradient the
+others lack, which ends at the deadline with the reason (before: a hang until --timeout, whose
+headline named a collective the ranks were waiting in)."""
 
 from __future__ import annotations
 
