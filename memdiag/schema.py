@@ -210,14 +210,30 @@ class WaitingRecord(_Record, total=False):
     since: float
 
 
+class Received(TypedDict):
+    """A collective's output as a killed rank's record names it."""
+
+    op: str
+    name: str
+    part: str | None
+    bytes_out: int
+
+
+class InFlight(Received):
+    """The collective a rank was inside when it was killed or signalled: of those started and not
+    completed, the one receiving the most bytes."""
+
+    others_in_flight: int
+
+
 class KilledRecord(_Record, total=False):
     reason: str
     step: int
     rss_bytes: int
     limit_bytes: int
     hwm_bytes: int
-    in_flight: dict[str, Any] | None
-    received_this_step: list[dict[str, Any]]
+    in_flight: InFlight | None
+    received_this_step: list[Received]
 
 
 class TerminatedRecord(_Record, total=False):
@@ -225,7 +241,7 @@ class TerminatedRecord(_Record, total=False):
 
     signal: str
     step: int | None
-    in_flight: dict[str, Any] | None
+    in_flight: InFlight | None
 
 
 class EndRecord(_Record, total=False):

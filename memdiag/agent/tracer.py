@@ -36,7 +36,7 @@ from typing import Any, cast
 from memdiag.agent.records import CollectiveRecords, RecordWriter
 from memdiag.agent.sampler import HighWaterMark, MemorySampler
 from memdiag.recordformat import SeriesPolicy, mem_record
-from memdiag.schema import SETUP_STEP
+from memdiag.schema import SETUP_STEP, InFlight, Received
 
 # Collective record fields that only some engines' hooks give (memdiag.agent.hooks_tf).
 OPTIONAL_FIELDS = ("engine", "stage", "padded", "pack_members")
@@ -83,7 +83,7 @@ class Tracer:
         self._anchor_is_gradient = False
         self._started: set[tuple[Any, ...]] = set()  # collectives of the anchor's kind started this step
         self._pending: dict[tuple[Any, ...], dict[str, Any]] = {}  # collectives started, not yet completed
-        self._received: list[dict[str, Any]] = []  # collectives completed in the current step
+        self._received: list[Received] = []  # collectives completed in the current step
         self._reported_waits: set[tuple[Any, ...]] = set()
         self._window: list[float | None] = [None, None]  # the step's collective window (start, end)
         self._live_bytes = 0  # outputs of the step's collectives other than allgathers
@@ -280,7 +280,8 @@ class Tracer:
         key = (meta["op"], meta["name"], meta.get("part"))
         self._pending.pop(key, None)
         self._reported_waits.discard(key)
-        self._received.append({"op": meta["op"], "name": meta["name"], "part": meta.get("part"), "bytes_out": bytes_out})
+        self._received.append({"op": meta["op"], "name": meta["name"], "part": meta.get("part"),
+                               "bytes_out": bytes_out})
 
     def _live_collective_bytes(self) -> int:
         """The step's collective outputs alive at once: every output other than an allgather's, one
@@ -322,7 +323,7 @@ class Tracer:
                     self._reported_waits.add(key)
                     self.writer.add({"type": "waiting", "step": self.step, **pending})
 
-    def in_flight(self) -> dict[str, Any] | None:
+    def in_flight(self) -> InFlight | None:
         """The collective this rank is inside now: of those started and not completed, the one
         receiving the most bytes (None if none)."""
         self._drained()
@@ -330,10 +331,10 @@ class Tracer:
             if not self._pending:
                 return None
             largest = max(self._pending.values(), key=lambda p: p["bytes_out"])
-            return {**{k: largest[k] for k in ("op", "name", "part", "bytes_out")},
-                    "others_in_flight": len(self._pending) - 1}
+            return {"op": largest["op"], "name": largest["name"], "part": largest["part"],
+                    "bytes_out": largest["bytes_out"], "others_in_flight": len(self._pending) - 1}
 
-    def largest_received(self, count: int = 3) -> list[dict[str, Any]]:
+    def largest_received(self, count: int = 3) -> list[Received]:
         """The largest collective outputs of the current step: buffers that may still be alive."""
         with self._lock:
             return sorted(self._received, key=lambda r: -r["bytes_out"])[:count]

@@ -52,7 +52,7 @@ def diagnose(run: Run) -> FailureSummary | None:
     killed = {rank: r.killed for rank, r in run.ranks.items() if r.killed}
     if killed:
         rank, record = min(killed.items())
-        flight = record.get("in_flight") or {}
+        flight = record.get("in_flight")
         collective = (f"in {flight['op']} of {flight['name']}"
                       + (f" [{flight['part']}]" if flight.get("part") else "")
                       + (f", {format_bytes(flight['bytes_out'])} out" if flight.get("bytes_out") else "")
