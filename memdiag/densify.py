@@ -29,7 +29,6 @@ from memdiag.formula import SparseGradientShape
 from memdiag.graphcalls import host_call
 from memdiag.policy import GATHERED_OPS, Decision, decide
 
-UNKNOWN_ROWS = UNKNOWN
 # agree(key, values, process_set) -> every rank's values, in rank order (memdiag.agreement.Agreement.gather)
 Agree = Callable[[str, tuple[int, ...], Any], Sequence[Sequence[int]]]
 
@@ -283,14 +282,12 @@ class DensifyPolicy:
               script_densifies: bool = False) -> list[Any]:
         """Gradients with every IndexedSlices converted as the policy decides: densified, merged or kept."""
         out = list(grads)
-        names = [getattr(variables[i] if variables is not None else None, "name", None) or f"grad_{i}"
-                 for i in range(len(out))]
-        self.decide_in_name_order([(names[i], grad, variables[i] if variables is not None else None)
-                                   for i, grad in enumerate(out)], script_densifies, process_set, run_time_ok=False)
-        for i, grad in enumerate(out):
+        items = [(getattr(var, "name", None) or f"grad_{i}", grad, var)
+                 for i, (grad, var) in enumerate(zip(out, variables if variables is not None else [None] * len(out),
+                                                        strict=True))]
+        self.decide_in_name_order(items, script_densifies, process_set, run_time_ok=False)
+        for i, (name, grad, var) in enumerate(items):
             if isinstance(grad, tf.IndexedSlices):
-                var = variables[i] if variables is not None else None
-                name = getattr(var, "name", None) or f"grad_{i}"
                 out[i] = self.reduce(grad, self.decide(name, grad, var, script_densifies, process_set))
         return out
 

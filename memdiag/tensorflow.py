@@ -35,8 +35,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from memdiag.agreement import Agreement, AgreementError, CoordinationTransport
-from memdiag.densify import UNKNOWN_ROWS, DensifyPolicy, row_shape, sparse_shape
+from memdiag.agreement import UNKNOWN, Agreement, AgreementError, CoordinationTransport
+from memdiag.densify import DensifyPolicy, row_shape, sparse_shape
 from memdiag.formula import padding_bytes
 from memdiag.policy import MODES, Decision, decide
 from memdiag.units import format_bytes
@@ -224,12 +224,12 @@ class MirroredPolicy:
             return replace(decision, mode="auto", engine="tf-distribute",
                            reason="auto: one replica, nothing is reduced: kept as IndexedSlices")
         # Every worker publishes, rows known or not, so that none waits alone; all then act on the same list.
-        rows = [int(r) for r in self._agree(f"rows/{name}", UNKNOWN_ROWS if local is None else local)]
+        rows = [int(r) for r in self._agree(f"rows/{name}", UNKNOWN if local is None else local)]
         if len(rows) != world:
             raise ValueError(f"densify_gradients: {len(rows)} workers for {world} replicas in sync: mode 'auto' "
                              f"supports one replica per worker; use mode='dense' or 'sparse'")
-        if shape is None or UNKNOWN_ROWS in rows:
-            unknown = [i for i, r in enumerate(rows) if r == UNKNOWN_ROWS]
+        if shape is None or UNKNOWN in rows:
+            unknown = [i for i, r in enumerate(rows) if r == UNKNOWN]
             what = "width" if row_shape(grad, variable) is None and local is not None else "rows"
             raise ValueError(f"densify_gradients: the {what} of {name}'s IndexedSlices gradient are unknown when "
                              f"the step is traced (workers {unknown or 'all'}); mode 'auto' must decide then, alike "

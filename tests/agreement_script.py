@@ -37,28 +37,21 @@ def main() -> None:
     seen["gather"] = first.gather("rows/a", (rank, 10 * rank))
     seen["max"] = first.max("rows/a", (0, 0))  # kept: no exchange
 
-    order = ag.Agreement(make() if kind == "mpi" else transport, deadline)
-    keys = ["rows/x", "rows/y"] if rank == 0 else ["rows/y", "rows/x"]
-    start = time.monotonic()
-    try:
-        for key in keys:
-            order.gather(key, (rank,))
-        seen["order_error"] = None
-    except ag.AgreementError as error:
-        seen["order_error"] = str(error)
-    seen["order_s"] = time.monotonic() - start
+    def attempt(what: str, keys: list[str]) -> None:
+        """A fresh agreement asked for ``keys`` in turn: the error it ended with (None) and how long it took."""
+        agreement = ag.Agreement(make() if kind == "mpi" else transport, deadline)
+        start = time.monotonic()
+        try:
+            for key in keys:
+                agreement.gather(key, (rank,))
+            seen[f"{what}_error"] = None
+        except ag.AgreementError as error:
+            seen[f"{what}_error"] = str(error)
+        seen[f"{what}_s"] = time.monotonic() - start
 
+    attempt("order", ["rows/x", "rows/y"] if rank == 0 else ["rows/y", "rows/x"])
     MPI.COMM_WORLD.Barrier()
-    extra = ag.Agreement(make() if kind == "mpi" else transport, deadline)
-    keys = ["rows/z", "rows/only-last"] if rank == size - 1 else ["rows/z"]
-    start = time.monotonic()
-    try:
-        for key in keys:
-            extra.gather(key, (rank,))
-        seen["extra_error"] = None
-    except ag.AgreementError as error:
-        seen["extra_error"] = str(error)
-    seen["extra_s"] = time.monotonic() - start
+    attempt("extra", ["rows/z", "rows/only-last"] if rank == size - 1 else ["rows/z"])
     print(json.dumps(seen), flush=True)
     MPI.COMM_WORLD.Barrier()
     os._exit(0)

@@ -346,18 +346,16 @@ class CollectiveHooks:
                 grads = list(grads)
                 origins: dict[int, Origin] = {}
                 at_run_time: dict[int, tuple[tf.IndexedSlices, Any]] = {}
+                variables = list(vars) if vars is not None else [None] * len(grads)
+                items = [(_var_name(var) if var is not None else f"grad_{i}", grad, var)
+                         for i, (grad, var) in enumerate(zip(grads, variables, strict=True))]
                 if self.policy.mode == "auto":
                     # New tensors agreed in the order of their names, whatever order a rank lists them in.
-                    self.policy.decide_in_name_order(
-                        [(_var_name(vars[i]) if vars is not None and vars[i] is not None else f"grad_{i}", grad,
-                          vars[i] if vars is not None else None) for i, grad in enumerate(grads)],
-                        script_densifies, process_set,
-                        run_time_ok=reduce_op in ("average", "sum"), reduce_op=reduce_op)
-                for i, grad in enumerate(grads):
+                    self.policy.decide_in_name_order(items, script_densifies, process_set,
+                                                     run_time_ok=reduce_op in ("average", "sum"), reduce_op=reduce_op)
+                for i, (name, grad, var) in enumerate(items):
                     if grad is None:
                         continue
-                    var = vars[i] if vars is not None else None
-                    name = _var_name(var) if var is not None else f"grad_{i}"
                     self._capture(name, var)
                     origin = Origin(name, gradient=True, reduce_op=reduce_op, process_set_size=set_size)
                     if isinstance(grad, tf.IndexedSlices):

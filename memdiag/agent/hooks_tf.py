@@ -46,8 +46,8 @@ import tensorflow as tf
 
 from memdiag import graphcalls
 from memdiag.agent.hooks import CollectiveHooks, Origin, _call_site, _static_shape, _var_name
-from memdiag.agreement import Agreement
-from memdiag.densify import UNKNOWN_ROWS, row_shape, sparse_shape
+from memdiag.agreement import UNKNOWN, Agreement
+from memdiag.densify import row_shape, sparse_shape
 from memdiag.formula import SparseGradientShape, padding_bytes
 from memdiag.graphcalls import host_call
 from memdiag.policy import Decision, decide
@@ -294,16 +294,16 @@ class StrategyHooks(CollectiveHooks):
             return known
         world = self.world_size()
         shape = sparse_shape(grad, variable)
-        local = UNKNOWN_ROWS if shape is None else shape.rows_per_rank
+        local = UNKNOWN if shape is None else shape.rows_per_rank
         rows = self.agree_rows(f"rows/{name}", local) if world > 1 else [local]
-        if shape is None or UNKNOWN_ROWS in rows:
+        if shape is None or UNKNOWN in rows:
             if self.policy.mode == "auto" and world > 1 and not tf.executing_eagerly() \
                     and row_shape(grad, variable) is not None:
                 return None
             decision = decide(self.policy.mode, name, world, None, self.policy.margin)
             reason = REASONS.get(decision.mode, "auto: row count unknown; kept MultiWorkerMirroredStrategy's gather")
             decision = replace(decision, reason=reason)
-            decision = replace(decision, local_rows=None if local == UNKNOWN_ROWS else local, engine=ENGINE)
+            decision = replace(decision, local_rows=None if local == UNKNOWN else local, engine=ENGINE)
         else:
             decision = self._decision(name, shape, local, rows, world)
         return self._keep(decision)
