@@ -49,6 +49,9 @@ class AgentConfig:
     # wall-clock time (epoch s) past which no agreement between ranks waits (memdiag.agreement.run_deadline);
     # None: the run has no time limit
     agree_until: float | None
+    # --record-every: how often the sampling thread turns native marks into records (0: at every wake,
+    # which is every step; memdiag.agent.hooks.CollectiveHooks.drain_when_due)
+    record_every_s: float = 0.0
 
     @property
     def is_script(self) -> bool:

@@ -39,6 +39,7 @@ HEADER = 7  # index, key, kind, n_inputs, t_ns, tid, rss_pages
 BUILD = "python -m memdiag.nativemarks build"
 RSS = 6  # the word of a record that holds the resident pages when the mark ran (-1: not read)
 RECORD_WORDS = HEADER + MAX_INPUTS * (1 + MAX_VALUES)  # as mark_op.cc lays a record out
+TIMER_READ = 8192  # the timer's samples one read returns at most (as many as mark_op.cc holds)
 
 
 def build(library: Path = LIBRARY) -> str | None:
@@ -87,6 +88,56 @@ class Marks:
         # the buffer never moves: its pointer made once (numpy's ctypes view costs more than the read)
         self._pointer = self._buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_int64))
         self.lost = 0
+        self._timer = self._timer_functions(c)
+        self._timer_next = 0
+        self._timer_t = np.zeros(TIMER_READ, dtype=np.int64)
+        self._timer_pages = np.zeros(TIMER_READ, dtype=np.int64)
+        self._t_pointer = self._timer_t.ctypes.data_as(ctypes.POINTER(ctypes.c_int64))
+        self._pages_pointer = self._timer_pages.ctypes.data_as(ctypes.POINTER(ctypes.c_int64))
+        self._timer_first = ctypes.c_int64(0)
+        self.resident_bytes += self._timer_t.nbytes + self._timer_pages.nbytes
+        self.timer_lost = 0  # samples the timer wrote over before they were read
+
+    @staticmethod
+    def _timer_functions(c: Any) -> Any:
+        """The library's sampling timer, or None in a library built before it had one."""
+        try:
+            for name in ("memdiag_timer_start", "memdiag_timer_stop", "memdiag_timer_head"):
+                getattr(c, name).restype = ctypes.c_int64
+            c.memdiag_timer_start.argtypes = [ctypes.c_int64]
+            c.memdiag_timer_read.restype = ctypes.c_int64
+            c.memdiag_timer_read.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64),
+                                             ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)]
+        except AttributeError:
+            return None
+        return c
+
+    def timer_start(self, interval_s: float) -> bool:
+        """Read the resident pages every ``interval_s`` on a thread of the library's own (no Python, no
+        GIL); False where the library has no timer or the thread did not start."""
+        if self._timer is None:
+            return False
+        self._timer_next = int(self._timer.memdiag_timer_head())
+        return int(self._timer.memdiag_timer_start(round(interval_s * 1e9))) == 0
+
+    def timer_stop(self) -> float | None:
+        """Stop the timer; its thread's CPU seconds (None: it was not running)."""
+        if self._timer is None:
+            return None
+        cpu_ns = int(self._timer.memdiag_timer_stop())
+        return cpu_ns / 1e9 if cpu_ns >= 0 else None
+
+    def timer_read(self) -> tuple[list[float], list[int]]:
+        """The timer's samples since the last read, oldest first: their times (seconds, the clock of
+        ``time.time()``) and the resident pages then."""
+        n = int(self._timer.memdiag_timer_read(self._t_pointer, self._pages_pointer, TIMER_READ,
+                                              self._timer_next, ctypes.byref(self._timer_first)))
+        first = self._timer_first.value
+        self.timer_lost += max(0, first - self._timer_next)
+        self._timer_next = max(self._timer_next, first + n)
+        if n == 0:
+            return [], []
+        return (self._timer_t[:n] / 1e9).tolist(), self._timer_pages[:n].tolist()
 
     def mark(self, key: int, kind: int, shapes: list[Any]) -> Any:
         """The op marking ``key`` (``kind`` BEGIN or END) with ``shapes`` (1-D integer tensors, at most
@@ -97,6 +148,10 @@ class Marks:
         op = getattr(op, "op", op)
         _mark(op)
         return op
+
+    def pending(self) -> int:
+        """How many records were written since the last read (those a lapped ring lost included)."""
+        return int(self._c.memdiag_ring_head()) - self._next
 
     def read(self) -> npt.NDArray[np.int64]:
         """The records written since the last read, in the order they were written (rows of

@@ -37,6 +37,11 @@ class StartRecord(_Record, total=False):
     engine: str  # tf-distribute only (absent: horovod)
     tf_config: dict[str, Any]  # tf-distribute: source (memdiag/environment/script) and value
     marks: str  # how collectives inside graphs are marked: native, or python (and why not native)
+    # --record-every: native marks turned into records every this many seconds (0 or absent: every step)
+    record_every_s: float
+    # who reads RSS every --sample-ms: python (the sampling thread) or native (the marks library's thread,
+    # under --record-every without --mem-limit); absent: python
+    sampling: str
 
 
 class StepRecord(_Record, total=False):
@@ -382,6 +387,7 @@ class RankSummary(TypedDict, total=False):
     killed: KilledRecord | None
     sampler_cpu_s: float | None  # memdiag's sampling thread's CPU seconds (the end record's)
     agent_wall_s: float | None  # from the rank's start record to its end record
+    record_every_s: float  # --record-every: native marks made records every this many seconds (0: every step)
 
 
 class CollectiveSummary(TypedDict):

@@ -6,10 +6,14 @@ and flushed at each step's end). Every mark read a different RSS, so each one jo
 A batch is stamped just before it is handed over, as the ring gives the marks of the last moments. No
 graph runs: this is the sampler thread's share of native marks, which in a rank runs beside the job's step.
 
-    .venv/bin/python probes/drain_cost.py [--collectives 5 38] [--steps 400] [--repeats 3]
+    .venv/bin/python probes/drain_cost.py [--collectives 5 38] [--steps 400] [--repeats 3] [--cold]
 
 Prints, per K, the median over repeats of the time per record and per step (step ends included), and
-what that is of a 50 ms step.
+what that is of a 50 ms step. Back to back, step after step, the tracer's code and data stay in the
+CPU's caches, which is not how a rank runs them: there the drain runs about once a step, between
+stretches of the job's own work on the same cores. ``--cold`` also times each step with the caches
+cleared first (a 64 MiB array summed between steps, outside the timing), and prints the median
+step's CPU time (``time.thread_time``) both ways, warm and cold.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from memdiag.agent.sampler import MemorySampler  # noqa: E402
 from memdiag.agent.tracer import Tracer  # noqa: E402
 
 WORDS = nativemarks.RECORD_WORDS
+EVICT_BYTES = 64 * 2**20  # summed between steps under --cold: more than the last-level caches hold
 
 
 def _records(collectives: int, steps: int) -> list[np.ndarray]:
@@ -57,8 +62,10 @@ def _records(collectives: int, steps: int) -> list[np.ndarray]:
     return batches
 
 
-def once(collectives: int, steps: int) -> float:
-    """Seconds to dispatch ``steps`` steps of ``collectives`` collectives' records."""
+def once(collectives: int, steps: int, evict: np.ndarray | None = None) -> tuple[float, float]:
+    """Seconds to dispatch ``steps`` steps of ``collectives`` collectives' records, and the median step's
+    CPU seconds (after the first 10 steps); ``evict``: an array summed before each step, untimed, so that
+    each step starts with caches the tracer no longer holds."""
     with tempfile.TemporaryDirectory(prefix="memdiag-drain-cost-") as tmp:
         writer = RecordWriter(os.path.join(tmp, "rank-0.jsonl"), 0)
         tracer = Tracer(writer, MemorySampler(0.005), rank=0, auto_steps=True)
@@ -69,18 +76,21 @@ def once(collectives: int, steps: int) -> float:
                     "reduce_op": "average", "process_set_size": 2}
             hooks._marked += [("allreduce", meta, 2), ("allreduce", meta, 0)]  # begin, end
         batches = _records(collectives, steps)
-        elapsed = 0.0
+        elapsed, cpu = 0.0, []
         for batch in batches:
             # as the ring gives them: marks made in the last moments (their order and spacing kept), later
             # than every sample the sampler holds (the restamping is not timed)
             batch[:, 4] += time.time_ns() - int(batch[-1, 4])
-            start = time.perf_counter()
+            if evict is not None:
+                evict.sum()
+            start, start_cpu = time.perf_counter(), time.thread_time()
             hooks._dispatch(batch)
+            cpu.append(time.thread_time() - start_cpu)
             elapsed += time.perf_counter() - start
         writer.close()
         if hooks.failures:
             raise SystemExit(f"the tracer failed: {dict(hooks.failures)}")
-        return elapsed
+        return elapsed, statistics.median(cpu[10:])
 
 
 def main() -> int:
@@ -88,15 +98,22 @@ def main() -> int:
     parser.add_argument("--collectives", type=int, nargs="+", default=[5, 38])
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cold", action="store_true", help="also time each step with the caches cleared first")
     args = parser.parse_args()
     print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}; {args.steps} steps, "
           f"median of {args.repeats}")
+    evict = np.ones(EVICT_BYTES // 8) if args.cold else None
     for k in args.collectives:
         runs = [once(k, args.steps) for _ in range(args.repeats)]
-        per_step = statistics.median(runs) / args.steps
+        per_step = statistics.median(r[0] for r in runs) / args.steps
         print(f"{k:3d} collectives a step: {per_step / (2 * k) * 1e6:6.1f} us a record, {per_step * 1e3:6.3f} ms a "
               f"step ({100 * per_step / 0.050:.2f}% of a 50 ms step); runs "
-              + " ".join(f"{r:.3f}" for r in runs) + " s")
+              + " ".join(f"{r[0]:.3f}" for r in runs) + " s")
+        if evict is not None:
+            warm = statistics.median(r[1] for r in runs)
+            cold = statistics.median(once(k, args.steps, evict)[1] for _ in range(args.repeats))
+            print(f"    median step's CPU: warm {warm * 1e3:.3f} ms, cold {cold * 1e3:.3f} ms ({cold / warm:.1f}x; "
+                  f"{100 * cold / 0.050:.2f}% of a 50 ms step)")
     return 0
 
 

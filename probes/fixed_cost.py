@@ -9,7 +9,8 @@ about 50 ms a step on 2 ranks of 2 cores when the machine is idle), run as writt
 
 and with memdiag's marks through Python (``memdiag-python``: ``MEMDIAG_MARKS=python``; ``memdiag`` is the
 default, the native op, sampling every 20 ms) or sampling every 5 ms (``memdiag-sample5``: ``--sample-ms 5``,
-the default before every collective's edges were sampled), for each S
+the default before every collective's edges were sampled) or making the marks records once a second
+(``memdiag-record1``: ``--record-every 1``, the native timer sampling), for each S
 in --steps (default 1, 30, 150), the variants interleaved (their order rotates) and repeated. Printed per
 run: wall time, CPU time of every process of the run (RUSAGE_CHILDREN), and the phases, from rank 0's own
 clock and memdiag's run.json and records:
@@ -67,8 +68,8 @@ def _records(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def run_once(variant: str, ranks: int, steps: int, tmp: str, tag: str) -> dict:
-    script_args = ["--steps", str(steps), "--phases"]
+def run_once(variant: str, ranks: int, steps: int, tmp: str, tag: str, hidden: int | None = None) -> dict:
+    script_args = ["--steps", str(steps), "--phases", *([] if hidden is None else ["--hidden", str(hidden)])]
     env = {k: v for k, v in os.environ.items() if k != "MEMDIAG_MARKS"}
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     if variant == "memdiag-python":
@@ -78,7 +79,7 @@ def run_once(variant: str, ranks: int, steps: int, tmp: str, tag: str) -> dict:
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks),
                sys.executable, SCRIPT, *script_args]
     else:
-        sampling = ["--sample-ms", "5"] if variant == "memdiag-sample5" else []
+        sampling = {"memdiag-sample5": ["--sample-ms", "5"], "memdiag-record1": ["--record-every", "1"]}.get(variant, [])
         cmd = [_memdiag(), "run", SCRIPT, "-n", str(ranks), "--out", out, *sampling, "--", *script_args]
     cpu0, t0 = _children_cpu(), time.time()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, stdin=subprocess.DEVNULL)
@@ -133,14 +134,16 @@ def _fit(points: list[tuple[int, float]]) -> tuple[float, float]:
     return my - slope * mx, slope
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=None,
+                        help="the script's hidden width, which sets its step time (its default: 512)")
     parser.add_argument("--steps", type=int, nargs="+", default=[1, 30, 150])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--variants", nargs="+", default=["plain", "memdiag", "memdiag-python"],
-                        choices=["plain", "memdiag", "memdiag-python", "memdiag-sample5"])
-    args = parser.parse_args()
+                        choices=["plain", "memdiag", "memdiag-python", "memdiag-sample5", "memdiag-record1"])
+    args = parser.parse_args(argv)
     variants = ["plain", *[v for v in args.variants if v != "plain"]]
     if len(variants) < 2:
         parser.error("--variants: name at least one memdiag variant beside plain")
@@ -153,7 +156,7 @@ def main() -> int:
             for steps in args.steps:
                 shift = (repeat + args.steps.index(steps)) % len(variants)
                 for variant in variants[shift:] + variants[:shift]:
-                    run = run_once(variant, args.np, steps, tmp, f"{variant}-{steps}-{repeat}")
+                    run = run_once(variant, args.np, steps, tmp, f"{variant}-{steps}-{repeat}", args.hidden)
                     runs.append(run)
                     marks = f" ({run['marks']} marks)" if run["marks"] else ""
                     print(f"  repeat {repeat + 1} steps {steps:4d} {variant + marks:28s} wall {run['wall']:7.2f} s  "
@@ -193,7 +196,15 @@ def main() -> int:
                   f"{variant} {fits[variant][0]:.2f} s + {fits[variant][1] * 1e3:.1f} ms/step (whole walls)")
             print(f"{variant}'s fixed cost {fixed:+.2f} s per run; per-step cost {per_step * 1e3:+.2f} ms on a "
                   f"{plain_step * 1e3:.1f} ms step ({100 * per_step / plain_step:+.1f}%, from the steps phase's "
-                  "slope)\n")
+                  "slope)")
+            sampler = "sampler thread cpu a rank"
+            if all(any(sampler in r["parts"] for r in runs if r["variant"] == variant and r["steps"] == s)
+                   for s in args.steps):
+                # the direct measure, without the walls' noise: the sampling thread's CPU over the step counts
+                thread = _fit([(s, median(variant, s, sampler)) for s in args.steps])[1]
+                print(f"{variant}'s sampling thread: {thread * 1e3:.2f} ms of CPU a step a rank "
+                      f"({100 * thread / plain_step:.1f}% of plain's step), from its CPU's slope")
+            print()
     return 0
 
 

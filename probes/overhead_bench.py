@@ -27,6 +27,14 @@ benchmark skips that, as it measures step times only.
 Example::
 
     .venv/bin/python probes/overhead_bench.py --ranks 2 --preset small --steps 6 --repeats 3
+
+``--short-steps`` measures a user's script with short steps instead (probes/short_step_script.py, run as
+written under plain mpirun and under ``memdiag run``; probes/fixed_cost.py does the runs): for 1, 30 and 150
+steps the whole-process wall and CPU ratios against plain mpirun, the fixed and per-step costs fitted to
+them, and the per-step CPU of memdiag's sampling thread, for ``memdiag run`` as it is by default and with
+``--record-every 1``::
+
+    .venv/bin/python probes/overhead_bench.py --short-steps --ranks 2 --repeats 3 [--hidden 2048]
 """
 
 from __future__ import annotations
@@ -144,10 +152,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         type=lambda text: tuple(text.split("=", 1)), metavar="KEY=VALUE")
     parser.add_argument("--keep", metavar="DIR", help="keep the run directories here (default: a temporary folder)")
+    parser.add_argument("--short-steps", action="store_true",
+                        help="a user's short-step script, plain mpirun against memdiag run, at 1, 30 and 150 steps")
+    parser.add_argument("--hidden", type=int, default=None,
+                        help="--short-steps: the script's hidden width, which sets its step time (default 512)")
     parser.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker_out:
         return plain_rank(args)
+    if args.short_steps:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import fixed_cost
+
+        return fixed_cost.main(["--np", str(args.ranks), "--repeats", str(args.repeats), "--variants", "plain",
+                                "memdiag", "memdiag-record1",
+                                *([] if args.hidden is None else ["--hidden", str(args.hidden)])])
     if args.steps < 3:
         parser.error("--steps must be at least 3: step 0 is left out of the median")
 

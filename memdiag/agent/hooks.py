@@ -120,13 +120,30 @@ class CollectiveHooks:
         self._marked: list[tuple[str, dict[str, Any], int]] = []
         self._drain_lock = threading.Lock()
         self._draining = threading.local()
+        self.record_every_s = 0.0  # --record-every: the sampler thread drains at most this often (drain_when_due)
+        self._last_drain = time.monotonic()
 
-    def use_native(self, marks: Any) -> None:
+    def use_native(self, marks: Any, record_every_s: float = 0.0) -> None:
         """Mark collectives inside graphs with the native op of ``marks``; the tracer and the sampler
-        drain its records (:meth:`drain`)."""
+        drain its records (:meth:`drain`), the sampler every ``record_every_s`` (:meth:`drain_when_due`)."""
         self.native = marks
+        self.record_every_s = record_every_s
         self.tracer.drain = self.drain
-        self.tracer.sampler.before_sample = self.drain
+        self.tracer.sampler.before_sample = self.drain_when_due
+
+    def drain_when_due(self) -> None:
+        """The sampler thread's drain: at every wake (``record_every_s`` 0, the default), else once that
+        long has passed since the last drain, or earlier when the ring is half full. Drained at every
+        wake, each step's marks become records within a wake of its end, so a rank killed outright
+        loses only the step it was in; but a drain of one step's marks costs several times what the
+        same work costs in a batch of many steps (its code and data are no longer in the CPU's caches
+        when the job has run in between: probes/drain_cost.py --cold), which is most of memdiag's CPU
+        per step for a script with short steps (docs/notes/performance.md). The tracer's own entry
+        points (a built-in workload's steps, eager calls, the end of the run) drain whatever waits."""
+        if self.record_every_s and time.monotonic() - self._last_drain < self.record_every_s \
+                and self.native is not None and self.native.pending() < self.native.capacity // 2:
+            return
+        self.drain()
 
     def drain(self) -> None:
         """Hand the tracer the native marks written since the last drain, in the order of their times,
@@ -137,11 +154,15 @@ class CollectiveHooks:
         self._draining.on = True
         try:
             with self._drain_lock:
+                self._last_drain = time.monotonic()
                 lost = self.native.lost
                 records = self.native.read()
                 if self.native.lost > lost:  # the ring wrapped before it was read: a warning in the report
                     self._failed("read every native mark", RuntimeError(
                         f"{self.native.lost - lost} overwritten before they were read (the drain fell behind)"))
+                # the native timer's samples up to now (--record-every), so that every sample before the
+                # marks' times is in the series when a mark ends a step
+                self.tracer.sampler.pull_timer()
                 if len(records):
                     self._guard("read the native marks", lambda: self._dispatch(records))
         finally:

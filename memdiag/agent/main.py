@@ -101,13 +101,20 @@ def main(argv: list[str] | None = None) -> int:
             from memdiag import nativemarks
 
             marks, marks_used = nativemarks.load()
+            sampling = "python"
             if marks is not None:
-                hooks.use_native(marks)
+                hooks.use_native(marks, config.record_every_s)
+                # --record-every: RSS read every interval by the marks library's own thread, and this
+                # process's Python thread woken only to drain; not under --mem-limit, whose watchdog needs
+                # every sample as it is taken
+                if config.record_every_s and sampler.use_native_timer(marks, config.record_every_s):
+                    sampling = "native"
 
             def started() -> None:
                 if hvd.rank() != rank:
                     raise RuntimeError(f"Horovod rank {hvd.rank()} differs from MPI rank {rank}")
-                writer.write_now(_start_record(config, hvd, marks_used))
+                writer.write_now({**_start_record(config, hvd, marks_used), "sampling": sampling,
+                                  "record_every_s": config.record_every_s if marks is not None else 0.0})
 
             hooks.install()
             if not config.is_script:

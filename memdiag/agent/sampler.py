@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from memdiag.recordformat import decimate
 
@@ -112,6 +113,10 @@ class HighWaterMark:
         return self._run
 
 
+# With the native timer, the sampling thread wakes at least this often: to tick, and to drain the marks' ring
+# early when it is half full (memdiag.agent.hooks.CollectiveHooks.drain_when_due).
+TIMER_WAKE_MAX_S = 0.25
+
 # Samples kept per step at most: past it, neighbouring pairs are merged into their larger value, so
 # memory stays bounded however long a step (or a script without steps) runs, and no peak is lost.
 MAX_SAMPLES_PER_STEP = 4096
@@ -122,6 +127,11 @@ class MemorySampler:
 
     ``on_sample(rss)`` is called from the sampling thread after every sample (memory limits), and
     ``on_tick()`` about once a second (flushing records of a step that takes long or hangs).
+
+    With a native timer (:meth:`use_native_timer`, under ``memdiag run --record-every``), the samples
+    are taken every ``interval_s`` by a thread of the marks library (no Python, no GIL), and this
+    thread wakes only every ``wake_s`` to drain (``before_sample``, which pulls the timer's samples into
+    the series first: :meth:`pull_timer`) and tick.
     """
 
     def __init__(self, interval_s: float = 0.005) -> None:
@@ -138,15 +148,47 @@ class MemorySampler:
         # CPU time the sampling thread used (sampling, draining native marks, ending steps, flushing
         # records): memdiag's own cost, set when the thread ends (None before, or if it did not end)
         self.cpu_s: float | None = None
+        self._timer: Any = None  # the native timer's owner (memdiag.nativemarks.Marks), once in use
+        self.wake_s = interval_s  # how often this thread wakes: the interval, or with the timer longer
         self._thread = threading.Thread(target=self._loop, name="memdiag-sampler", daemon=True)
 
     def start(self) -> None:
         self.sample()
         self._thread.start()
 
+    def use_native_timer(self, marks: Any, wake_s: float) -> bool:
+        """Leave the samples every ``interval_s`` to the native timer of ``marks`` and wake every
+        ``wake_s`` (at most :data:`TIMER_WAKE_MAX_S`); False (nothing changed) where the timer cannot start,
+        or where ``on_sample`` watches every sample (a memory limit's watchdog)."""
+        if self.on_sample is not None or self._timer is not None or not marks.timer_start(self.interval_s):
+            return False
+        self._timer = marks
+        self.wake_s = min(TIMER_WAKE_MAX_S, max(self.interval_s, wake_s))
+        return True
+
+    def pull_timer(self) -> None:
+        """The native timer's samples since the last pull, into the series (each kept, as :meth:`sample`
+        keeps one), where not earlier than the last :meth:`take_step` or :meth:`restart_peak`."""
+        if self._timer is None:
+            return
+        times, pages = self._timer.timer_read()
+        if not times:
+            return
+        with self._lock:
+            for t, resident in zip(times, pages):
+                if t >= self._since:
+                    self._insert(t, resident * _PAGE)
+            if len(self._rss) > MAX_SAMPLES_PER_STEP:
+                self._times, self._rss = decimate(self._times, self._rss)
+
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=max(1.0, 2 * self.interval_s))
+        self._thread.join(timeout=max(1.0, 2 * self.wake_s))
+        if self._timer is not None:
+            timer_cpu = self._timer.timer_stop()
+            if self.cpu_s is not None and timer_cpu is not None:
+                self.cpu_s += timer_cpu  # memdiag's sampling: both threads
+            self.pull_timer()
         self.sample()
 
     def sample(self) -> int:
@@ -184,10 +226,17 @@ class MemorySampler:
         """A mark's sample into the series (lock held), in time order, only where RSS differs from the
         sample before it: a sample equal to its predecessor changes none of the rises a step's phases are
         given (memdiag.agent.tracer.phase_rises)."""
-        series_t, series_rss = self._times, self._rss
+        series_t = self._times
         at = len(series_t) if not series_t or t >= series_t[-1] else bisect.bisect_right(series_t, t)
-        if at and series_rss[at - 1] == value:
+        if at and self._rss[at - 1] == value:
             return
+        self._insert(t, value, at)
+
+    def _insert(self, t: float, value: int, at: int | None = None) -> None:
+        """A sample into the series (lock held), in time order (``at``: its place, where known)."""
+        series_t, series_rss = self._times, self._rss
+        if at is None:
+            at = len(series_t) if not series_t or t >= series_t[-1] else bisect.bisect_right(series_t, t)
         series_t.insert(at, t)  # at the end, the usual case: an append
         series_rss.insert(at, value)
         if value > self._step_peak:
@@ -196,6 +245,7 @@ class MemorySampler:
     def take_step(self, until: float | None = None) -> tuple[int, list[float], list[int]]:
         """Peak RSS since the last call, and the samples taken since then (cleared). ``until``: only
         the samples up to that time, already past; the later ones stay for the next call."""
+        self.pull_timer()
         current = self.sample()
         with self._lock:
             if until is None:
@@ -224,14 +274,18 @@ class MemorySampler:
         # time.sleep, not the stop event's wait(): a wake through a Condition cost 28-47 us more CPU on a
         # 2-core VM (probes/sampler_cost.py), 200 times a second; stop() waits up to one interval for it.
         while True:
-            time.sleep(self.interval_s)
+            if self._timer is None:
+                time.sleep(self.interval_s)
+            elif self._stop.wait(self.wake_s):  # a few wakes a second here: stop() need not wait for one
+                break
             if self._stop.is_set():
                 break
             if self.before_sample is not None:
                 self.before_sample()
-            rss = self.sample()
-            if self.on_sample is not None:
-                self.on_sample(rss)
+            if self._timer is None:
+                rss = self.sample()
+                if self.on_sample is not None:
+                    self.on_sample(rss)
             if self.on_tick is not None and time.monotonic() - last_tick >= 1.0:
                 last_tick = time.monotonic()
                 self.on_tick()

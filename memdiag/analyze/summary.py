@@ -87,6 +87,8 @@ def rank_summary(records: RankRecords, live: dict[int, int] | None = None) -> Ra
         # seconds from the rank's start record to its end record
         "sampler_cpu_s": end.get("sampler_cpu_s") if end else None,
         "agent_wall_s": _agent_wall(records),
+        # --record-every (0: every step): how much of its records a rank killed outright may have lost
+        "record_every_s": float(records.start.get("record_every_s") or 0.0) if records.start else 0.0,
     }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 
 from memdiag.launch.options import (
@@ -42,17 +43,29 @@ def non_negative_int(what: str) -> Callable[[str], int]:
     return whole_number(what, 0)
 
 
-def positive_float(what: str) -> Callable[[str], float]:
+def finite_number(what: str, zero: bool) -> Callable[[str], float]:
+    """A finite number above 0 (or, with ``zero``, 0 too)."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{what} must be a number, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{what} must be positive, got {text}")
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{what} must be a finite number, got {text}")
+        if value < 0 or (value == 0 and not zero):
+            raise argparse.ArgumentTypeError(f"{what} must be {'0 or more' if zero else 'positive'}, got {text}")
         return value
 
     return parse
+
+
+def positive_float(what: str) -> Callable[[str], float]:
+    return finite_number(what, zero=False)
+
+
+def non_negative_float(what: str) -> Callable[[str], float]:
+    return finite_number(what, zero=True)
 
 
 def size_arg(what: str) -> Callable[[str], int]:
@@ -118,6 +131,11 @@ def add_launch_options(parser: argparse.ArgumentParser, default_steps: int,
                              "sample costs the rank CPU, a longer period less; a step's peak stays exact (the "
                              "kernel's high-water mark) and every collective's start and end is sampled anyway; "
                              "the memory series between them gets fewer samples")
+    parser.add_argument("--record-every", type=non_negative_float("--record-every"), default=0.0, metavar="S",
+                        help="turn the collectives' marks inside graphs into records every S seconds rather than "
+                             "at every step (default 0: every step; up to 10): far less of memdiag's CPU per step "
+                             "for a script with short steps, but a rank killed outright (the kernel's OOM killer, "
+                             "kill -9) loses up to S seconds of records, not only its last step")
 
 
 def mode_choice(text: str) -> str:

@@ -24,6 +24,9 @@ MIN_SAMPLE_MS, MAX_SAMPLE_MS = 1.0, 1000.0
 # RSS in the graph; Python marks and eager calls when they are made), so the timer's samples are only
 # what lies between them: 20 ms. Under --mem-limit the timer is the limit's watchdog: 5 ms.
 DEFAULT_SAMPLE_MS, LIMIT_SAMPLE_MS = 20.0, 5.0
+# --record-every: at most this long between two drains of the native marks (their ring holds 4,096 marks,
+# and is drained early when half full, so a longer wait only risks more records lost with a killed rank)
+MAX_RECORD_EVERY_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,9 @@ class LaunchOptions:
     # has not settled (the last 3 steps within 1% with no trend over the run, memdiag.analyze.steady).
     max_warmup: int = 0
     launcher: str = DEFAULT_LAUNCHER  # one of LAUNCHERS
+    # --record-every: native marks turned into records every this many seconds rather than at every sampler
+    # wake (0); a killed rank may lose that much of its records
+    record_every_s: float = 0.0
 
     def __post_init__(self) -> None:
         # A copy of its own: a study's runs cannot change each other's options.
@@ -77,6 +83,9 @@ class LaunchOptions:
         if not MIN_SAMPLE_MS <= self.sample_interval_s * 1000 <= MAX_SAMPLE_MS:
             raise UserError(f"--sample-ms {self.sample_interval_s * 1000:g}: give {MIN_SAMPLE_MS:g} to "
                             f"{MAX_SAMPLE_MS:g} milliseconds")
+        if not 0 <= self.record_every_s <= MAX_RECORD_EVERY_S:
+            raise UserError(f"--record-every {self.record_every_s:g}: give 0 (records at every step, the default) "
+                            f"to {MAX_RECORD_EVERY_S:g} seconds")
         if self.launcher not in LAUNCHERS:
             raise UserError(f"--launcher {self.launcher!r}: choose one of {', '.join(LAUNCHERS)}")
         if self.hosts:
@@ -94,6 +103,7 @@ class LaunchOptions:
                    memray=args.memray, horovod_timeline=args.horovod_timeline,
                    threads_per_rank=args.threads_per_rank, max_warmup=args.max_warmup,
                    sample_interval_s=0.0 if args.sample_ms is None else args.sample_ms / 1000,
+                   record_every_s=getattr(args, "record_every", 0.0) or 0.0,
                    # --launcher is run's and compare's (add_launcher_option), not every verb's
                    launcher=getattr(args, "launcher", None) or DEFAULT_LAUNCHER)
 

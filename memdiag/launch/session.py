@@ -185,6 +185,7 @@ def agent_config(request: RunRequest, run_id: str, run_dir: str) -> AgentConfig:
         max_warmup=options.max_warmup,
         engine=request.engine,
         agree_until=agreement.run_deadline(options.timeout_s),
+        record_every_s=options.record_every_s,
     )
 
 

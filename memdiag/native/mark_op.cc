@@ -237,3 +237,126 @@ __attribute__((visibility("default"))) int64_t memdiag_ring_read(int64_t* dst, i
 }
 
 }  // extern "C"
+
+// ---- the sampling timer (memdiag run --record-every) ----------------------------------------------
+// A thread of its own that reads the resident pages every interval into a ring of (t_ns, pages) pairs, so
+// that the rank's Python sampling thread need not wake at the sampling rate: it reads the samples when it
+// drains the marks (memdiag.agent.sampler.MemorySampler.use_native_timer). One writer (the timer), one
+// reader; the reader drops the samples the writer may have rewritten during its copy.
+namespace {
+
+constexpr uint64_t kSampleCapacity = 1u << 13;  // 8192 samples: 164 s at 20 ms, far beyond a drain's wait
+static_assert((kSampleCapacity & (kSampleCapacity - 1)) == 0, "capacity must be a power of two");
+int64_t g_sample_t[kSampleCapacity];
+int64_t g_sample_pages[kSampleCapacity];
+std::atomic<uint64_t> g_sample_head{0};   // samples ever written
+std::atomic<bool> g_timer_stop{false};
+std::atomic<int64_t> g_timer_cpu_ns{-1};  // the timer thread's CPU time when it ended (-1: not ended)
+pthread_t g_timer_thread;
+bool g_timer_running = false;              // started and not yet joined (set and read by the caller only)
+int64_t g_timer_interval_ns = 0;
+
+bool Later(const struct timespec& a, const struct timespec& b) {
+  return a.tv_sec > b.tv_sec || (a.tv_sec == b.tv_sec && a.tv_nsec > b.tv_nsec);
+}
+
+void* TimerLoop(void*) {
+  struct timespec next;
+  clock_gettime(CLOCK_MONOTONIC, &next);
+  while (!g_timer_stop.load(std::memory_order_acquire)) {
+    next.tv_nsec += g_timer_interval_ns;
+    while (next.tv_nsec >= 1000000000L) {
+      next.tv_nsec -= 1000000000L;
+      next.tv_sec += 1;
+    }
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (Later(now, next)) next = now;  // fell behind (the thread was descheduled): no burst of catch-up samples
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &next, nullptr) != 0) {  // EINTR: sleep on
+    }
+    if (g_timer_stop.load(std::memory_order_acquire)) break;
+    const int64_t t_ns = NowNs();
+    const int64_t pages = RssPages();
+    if (pages < 0) continue;
+    const uint64_t i = g_sample_head.load(std::memory_order_relaxed);
+    g_sample_t[i & (kSampleCapacity - 1)] = t_ns;
+    g_sample_pages[i & (kSampleCapacity - 1)] = pages;
+    g_sample_head.store(i + 1, std::memory_order_release);
+  }
+  struct timespec cpu;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu);
+  g_timer_cpu_ns.store(static_cast<int64_t>(cpu.tv_sec) * 1000000000LL + cpu.tv_nsec, std::memory_order_release);
+  return nullptr;
+}
+
+void ForgetTimerInChild() { g_timer_running = false; }  // a forked child has no timer thread
+
+}  // namespace
+
+extern "C" {
+
+// Start the timer (every interval_ns, at least 1 ms). Returns 0; -1 where it runs already; else the
+// error of pthread_create.
+__attribute__((visibility("default"))) int64_t memdiag_timer_start(int64_t interval_ns) {
+  if (g_timer_running) return -1;
+  static const int registered = pthread_atfork(nullptr, nullptr, ForgetTimerInChild);
+  (void)registered;
+  g_timer_interval_ns = interval_ns < 1000000 ? 1000000 : interval_ns;
+  g_timer_stop.store(false, std::memory_order_release);
+  g_timer_cpu_ns.store(-1, std::memory_order_release);
+  const int err = pthread_create(&g_timer_thread, nullptr, TimerLoop, nullptr);
+  if (err != 0) return err;
+  g_timer_running = true;
+  return 0;
+}
+
+// Stop the timer and wait for it (at most one interval). Returns its CPU time in ns (-1: not running).
+__attribute__((visibility("default"))) int64_t memdiag_timer_stop() {
+  if (!g_timer_running) return -1;
+  g_timer_stop.store(true, std::memory_order_release);
+  pthread_join(g_timer_thread, nullptr);
+  g_timer_running = false;
+  return g_timer_cpu_ns.load(std::memory_order_acquire);
+}
+
+// Samples written so far (the index of the next one).
+__attribute__((visibility("default"))) int64_t memdiag_timer_head() {
+  return static_cast<int64_t>(g_sample_head.load(std::memory_order_acquire));
+}
+
+// Copy the samples with index >= since into t_ns and pages (room for max each), oldest first, from the
+// oldest still held (and, where more than max are, the newest max); *first gets the index of the first
+// copied, so that the caller sees a gap. Samples the writer may have rewritten during the copy are left
+// out. Returns the number copied.
+__attribute__((visibility("default"))) int64_t memdiag_timer_read(int64_t* t_ns, int64_t* pages, int64_t max,
+                                                                 int64_t since, int64_t* first) {
+  if (t_ns == nullptr || pages == nullptr || first == nullptr || max <= 0) return 0;
+  const uint64_t head = g_sample_head.load(std::memory_order_acquire);
+  uint64_t i = since < 0 ? 0 : static_cast<uint64_t>(since);
+  if (head > kSampleCapacity && i < head - kSampleCapacity) i = head - kSampleCapacity;
+  if (head > i && head - i > static_cast<uint64_t>(max)) i = head - static_cast<uint64_t>(max);
+  const uint64_t start = i;
+  int64_t n = 0;
+  for (; i < head; ++i, ++n) {
+    t_ns[n] = g_sample_t[i & (kSampleCapacity - 1)];
+    pages[n] = g_sample_pages[i & (kSampleCapacity - 1)];
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+  // Where the writer has come within a lap of the copy's start meanwhile, the oldest slots copied may have
+  // been rewritten (index now is being written into the slot of now - capacity): those are dropped.
+  const uint64_t now = g_sample_head.load(std::memory_order_acquire);
+  uint64_t skip = 0;
+  if (now + 1 > kSampleCapacity + start) skip = now + 1 - kSampleCapacity - start;
+  if (skip >= static_cast<uint64_t>(n)) {
+    *first = static_cast<int64_t>(head);
+    return 0;
+  }
+  if (skip > 0) {
+    std::memmove(t_ns, t_ns + skip, (n - skip) * sizeof(int64_t));
+    std::memmove(pages, pages + skip, (n - skip) * sizeof(int64_t));
+  }
+  *first = static_cast<int64_t>(start + skip);
+  return n - static_cast<int64_t>(skip);
+}
+
+}  // extern "C"

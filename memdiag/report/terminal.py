@@ -192,8 +192,13 @@ def sampler_cost_line(summary: RunSummary) -> str | None:
     if not shares:
         return None
     share, cpu, wall, rank = max(shares, key=lambda found: found[0])
-    return (f"memdiag's sampling thread used {cpu:.2f} s of CPU on rank {rank} "
+    line = (f"memdiag's sampling thread used {cpu:.2f} s of CPU on rank {rank} "
             f"({100 * share:.1f}% of a core over its {wall:.1f} s; --sample-ms sets how often it wakes)")
+    every = max((r.get("record_every_s") or 0.0 for r in summary["ranks"]), default=0.0)
+    if every:
+        line += (f"; marks made records every {every:g} s (--record-every), so a rank killed outright could lose up "
+                 f"to {every:g} s of records")
+    return line
 
 
 # What the live collective figure assumes (memdiag.analyze.summary._LiveStep): it is not a measurement.

@@ -56,6 +56,9 @@ def plain_mpirun(script: Path, args: list[str], timeline: Path, ranks: int = 2) 
 # run again with the marks made through Python (MEMDIAG_MARKS=python): a grouped all-reduce (one mark per
 # tensor) and a TF1 graph (only what a session fetches runs).
 PYTHON_MARKS = ("user_groups.py", "user_tf1_graph.py")
+# And these with the native marks made records once a second (--record-every 1: the native timer samples,
+# the sampling thread drains in batches): the same collectives recorded as at every step.
+RECORD_EVERY = ("user_sparse_as_dense.py",)
 
 
 # A script's plain run (its output and Horovod's timeline of what it issued), made once for its runs with
@@ -73,7 +76,8 @@ def plain_run(name: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, l
 
 @pytest.mark.parametrize("name,marks", [(name, "native") if name in CORE else
                                         pytest.param(name, "native", marks=pytest.mark.slow)
-                                        for name in sorted(SCRIPTS)] + [(name, "python") for name in PYTHON_MARKS])
+                                        for name in sorted(SCRIPTS)] + [(name, "python") for name in PYTHON_MARKS]
+                         + [(name, "record-every") for name in RECORD_EVERY])
 def test_a_script_runs_under_memdiag_exactly_as_under_plain_mpirun(name, marks, runs_root, tmp_path, monkeypatch):
     script, args = ROOT / "examples" / name, SCRIPTS[name]
     # GIVEN the script's run under plain mpirun, with Horovod's timeline of what it issued
@@ -81,12 +85,17 @@ def test_a_script_runs_under_memdiag_exactly_as_under_plain_mpirun(name, marks, 
     assert issued
     # WHEN memdiag runs it as written (no mode given), its marks inside graphs made as asked
     out = runs_root / f"as-written-{script.stem}-{marks}"
-    monkeypatch.setenv("MEMDIAG_MARKS", marks)
-    result = memdiag("run", str(script), "-n", "2", "--horovod-timeline", "--out", str(out), "--", *args)
+    batched = marks == "record-every"
+    monkeypatch.setenv("MEMDIAG_MARKS", "native" if batched else marks)
+    result = memdiag("run", str(script), "-n", "2", "--horovod-timeline", "--out", str(out),
+                     *(["--record-every", "1"] if batched else []), "--", *args)
     assert result.returncode == 0, result.stdout + result.stderr
     for rank in (0, 1):
         [start] = [r for r in read_records(out / f"rank-{rank}.jsonl") if r["type"] == "start"]
-        assert start["marks"] == marks
+        assert start["marks"] == ("native" if batched else marks)
+        assert (start["sampling"], start["record_every_s"]) == (("native", 1.0) if batched else ("python", 0.0))
+    if batched:
+        assert "marks made records every 1 s (--record-every)" in " ".join(result.stdout.split())
     # THEN Horovod issued the same collectives (op, dtype, output shape, count) under memdiag
     under = timeline_collectives(read_timeline(str(out / "horovod-timeline.json")).events)
     assert under == issued

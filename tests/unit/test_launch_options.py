@@ -17,7 +17,7 @@ from memdiag.launch.studies import CompareRequest, ScaleRequest
 NON_DEFAULT = dict(steps=7, preset="small", overrides={"d_model": "16"}, script_args=("--lr", "0.1"), margin=1.5,
                    seed=99, hosts="hostA:2,hostB:2", timeout_s=120.0, mem_limit_bytes=3 << 30, spool="local",
                    memray=True, horovod_timeline=True, threads_per_rank=2, sample_interval_s=0.01, max_warmup=6,
-                   launcher="srun")
+                   launcher="srun", record_every_s=0.5)
 
 
 def test_the_table_of_non_default_values_covers_every_option():
@@ -61,7 +61,7 @@ def test_the_command_line_fills_every_option(tmp_path):
         "scale", "transformer", "--weak", "--steps", "7", "--preset", "small", "--set", "d_model=16",
         "--margin", "1.5", "--seed", "99", "--hosts", "hostA:2,hostB:2", "--timeout", "120", "--mem-limit", "3G",
         "--spool", "local", "--memray", "--horovod-timeline", "--threads-per-rank", "2", "--max-warmup", "6",
-        "--sample-ms", "10", "--launcher", "srun"])
+        "--sample-ms", "10", "--launcher", "srun", "--record-every", "0.5"])
     options = LaunchOptions.from_args(args, ["--lr", "0.1"])
     assert _changed(LaunchOptions(**NON_DEFAULT), options) == set()
 
@@ -71,7 +71,7 @@ def test_the_agent_gets_each_option_it_uses_and_a_round_trip_keeps_them():
     request = RunRequest("transformer", 2, "auto", options, fault="sum-densified", check_reduction=True)
     config = agent_config(request, "abc", "run-dir")
     for name in ("steps", "preset", "script_args", "margin", "seed", "spool", "memray", "mem_limit_bytes",
-                 "threads_per_rank", "sample_interval_s", "max_warmup"):
+                 "threads_per_rank", "sample_interval_s", "max_warmup", "record_every_s"):
         assert getattr(config, name) == getattr(options, name), name
     assert config.overrides == {"d_model": "16"} and config.mode == "auto" and config.fault == "sum-densified"
     assert AgentConfig.decode(config.encode()) == config
@@ -98,6 +98,7 @@ def test_options_are_frozen_and_a_study_cannot_change_another_runs_options():
     (dict(steps=0), "--steps"), (dict(margin=0.0), "--margin"), (dict(spool="nfs"), "--spool"),
     (dict(hosts="node1:0"), "--hosts"), (dict(timeout_s=-1.0), "--timeout"),
     (dict(sample_interval_s=0.0005), "--sample-ms 0.5: give 1 to 1000"), (dict(sample_interval_s=2.0), "--sample-ms"),
+    (dict(record_every_s=-1.0), "--record-every -1: give 0"), (dict(record_every_s=11.0), "--record-every 11"),
 ])
 def test_bad_options_are_one_line_errors(bad, message):
     with pytest.raises(UserError, match=message):
@@ -113,3 +114,17 @@ def test_ranks_sample_every_20_ms_unless_a_memory_limit_needs_its_watchdog_every
     assert period_ms("--mem-limit", "2G") == 5 and LaunchOptions(mem_limit_bytes=2**31).sample_interval_s == 0.005
     # what the user asks is kept, with a limit or without
     assert period_ms("--sample-ms", "7") == 7 and period_ms("--mem-limit", "2G", "--sample-ms", "50") == 50
+
+
+@pytest.mark.parametrize("argv", [["--record-every", "nan"], ["--record-every", "-1"], ["--record-every", "inf"],
+                                  ["--sample-ms", "inf"], ["--sample-ms", "0"]])
+def test_a_number_below_its_range_or_not_finite_is_refused_by_the_command_line(argv, capsys):
+    with pytest.raises(SystemExit) as refused:
+        build_parser().parse_args(["run", "transformer", *argv])
+    assert refused.value.code == 2
+    assert argv[0] in capsys.readouterr().err
+
+
+def test_records_are_made_at_every_step_unless_asked():
+    args = build_parser().parse_args(["run", "transformer"])
+    assert LaunchOptions.from_args(args, []).record_every_s == 0 == DEFAULTS.record_every_s

@@ -314,3 +314,108 @@ def test_the_rss_each_mark_read_is_a_sample_of_its_step_at_the_marks_time(tmp_pa
     [step] = [r for r in out if r["type"] == "step" and r["step"] == 0]
     assert step["collective_rise_bytes"] == 900 * page and step["compute_rise_bytes"] == 0
     assert step["peak_phase"] == "collectives"
+
+
+def test_the_native_timer_samples_the_resident_memory_without_python(marks):
+    from memdiag.agent.sampler import read_rss
+
+    page = os.sysconf("SC_PAGE_SIZE")
+    # GIVEN the library's timer, every 5 ms
+    assert marks.timer_start(0.005)
+    try:
+        assert not marks.timer_start(0.005)  # one timer a process
+        time.sleep(0.2)
+        # WHEN its samples are read, twice
+        first_times, first_pages = marks.timer_read()
+        time.sleep(0.05)
+        times, pages = marks.timer_read()
+    finally:
+        cpu = marks.timer_stop()
+    # THEN it sampled on its own, in time order, each sample the process's resident memory then, and a
+    # second read gives only what came after the first
+    assert len(first_times) >= 5 and times
+    assert first_times == sorted(first_times) and times[0] > first_times[-1]
+    assert all(abs(p * page - read_rss()) < 64 * 2**20 for p in first_pages + pages)
+    assert first_times[0] > time.time() - 5 and marks.timer_lost == 0
+    # AND stopped, it says what CPU it used, and samples no more
+    assert cpu is not None and 0 <= cpu < 1
+    time.sleep(0.03)
+    assert marks.timer_read() == ([], []) and marks.timer_stop() is None
+
+
+def test_a_sampler_on_the_native_timer_has_its_samples_without_waking_for_them(marks, monkeypatch):
+    import memdiag.agent.sampler as sampler_module
+
+    reads = []
+    real = sampler_module.read_rss
+    monkeypatch.setattr(sampler_module, "read_rss", lambda: reads.append(1) or real())
+    # GIVEN a sampler every 5 ms whose thread, on the native timer, wakes only every 0.2 s
+    sampler = sampler_module.MemorySampler(0.005)
+    assert sampler.use_native_timer(marks, 0.2)
+    sampler.start()
+    time.sleep(0.3)
+    # WHEN a step is taken
+    peak, times, rss = sampler.take_step()
+    sampler.stop()
+    # THEN its samples are the timer's, every 5 ms or so, not one per wake of the thread (which read RSS
+    # itself only when started and when the step was taken)
+    assert len(times) >= 20 and len(reads) <= 3
+    assert times == sorted(times) and peak == max(rss)
+    # AND the thread's CPU includes the timer's
+    assert sampler.cpu_s is not None and sampler.cpu_s > 0
+
+
+def test_a_memory_limits_watchdog_keeps_the_python_sampler(marks):
+    sampler = MemorySampler(0.005)
+    sampler.on_sample = lambda rss: None
+    assert not sampler.use_native_timer(marks, 1.0)
+    assert sampler.wake_s == 0.005
+
+
+def test_record_every_drains_the_marks_at_most_that_often_and_early_when_the_ring_fills(tmp_path, monkeypatch):
+    import memdiag.agent.hooks as hooks_module
+
+    class Ring:
+        capacity = 100
+        lost = 0
+        waiting = 0
+        reads = 0
+
+        def pending(self):
+            return self.waiting
+
+        def read(self):
+            self.reads += 1
+            self.waiting = 0
+            return np.zeros((0, nativemarks.RECORD_WORDS), dtype=np.int64)
+
+    now = [1000.0]
+    monkeypatch.setattr(hooks_module.time, "monotonic", lambda: now[0])
+    writer = RecordWriter(str(tmp_path / "r.jsonl"), 0)
+    ring = Ring()
+    # GIVEN the default: a drain at every wake of the sampler
+    hooks = _hooks(Tracer(writer, MemorySampler(), rank=0, auto_steps=True))
+    hooks.use_native(ring)
+    for _ in range(3):
+        ring.waiting = 4
+        hooks.tracer.sampler.before_sample()
+    assert ring.reads == 3
+    # WHEN records are asked every 1 s
+    hooks.use_native(ring, record_every_s=1.0)
+    hooks.drain()
+    ring.reads = 0
+    for _ in range(9):  # 0.9 s of wakes, 4 marks each
+        now[0] += 0.1
+        ring.waiting += 4
+        hooks.tracer.sampler.before_sample()
+    # THEN nothing was drained before the second, however many marks waited below half the ring
+    assert ring.reads == 0
+    now[0] += 0.15
+    hooks.tracer.sampler.before_sample()
+    assert ring.reads == 1
+    # AND a ring half full is drained at once
+    ring.waiting = 50
+    now[0] += 0.01
+    hooks.tracer.sampler.before_sample()
+    assert ring.reads == 2
+    writer.close()
