@@ -165,9 +165,9 @@ def _steps_recorded(path: Path) -> int:
                if line.startswith('{"type":"step"') and '"step":-1' not in line)
 
 
-def _start_long_run(out: Path) -> subprocess.Popen:
+def _start_long_run(out: Path, *options: str) -> subprocess.Popen:
     """`memdiag run` of the example for ever (100000 steps), once both ranks have finished 2 steps."""
-    proc = subprocess.Popen([PYTHON, "-m", "memdiag", "run", SCRIPT, "-n", "2", "--out", str(out), "--",
+    proc = subprocess.Popen([PYTHON, "-m", "memdiag", "run", SCRIPT, "-n", "2", "--out", str(out), *options, "--",
                              "--steps", "100000"], cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.monotonic() + 400
@@ -200,6 +200,23 @@ def test_sigterm_to_memdiag_run_lets_every_rank_write_and_marks_the_run_terminat
     assert undeclared_record_fields(out) == {}  # the terminated and end records' fields are declared
     report = memdiag("report", str(out))
     assert report.returncode == 0 and "terminated by SIGTERM at step" in report.stdout
+
+
+@pytest.mark.mpi
+def test_sigterm_under_record_every_still_writes_every_step_before_the_one_in_progress(runs_root):
+    # GIVEN a run whose marks become records only every 10 s (--record-every), past its first steps
+    out = runs_root / "sigterm-record-every"
+    proc = _start_long_run(out, "--record-every", "10")
+    time.sleep(3)  # steps run whose marks wait in the ring
+    # WHEN it is terminated
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    # THEN each rank read its marks before it wrote where it was: every step before that one has its record
+    for rank in (0, 1):
+        [end] = end_records(out, rank)
+        steps = sorted(r["step"] for r in read_records(out / f"rank-{rank}.jsonl")
+                       if r["type"] == "step" and r["step"] >= 0)
+        assert end["step"] >= 3 and steps == list(range(end["step"])), (end["step"], steps)
 
 
 @pytest.mark.mpi
