@@ -90,8 +90,11 @@ class Marks:
         self.lost = 0
         self._timer = self._timer_functions(c)
         self._timer_next = 0
-        self._timer_t = np.zeros(TIMER_READ, dtype=np.int64)
-        self._timer_pages = np.zeros(TIMER_READ, dtype=np.int64)
+        # resident now, as the marks' buffer is (np.zeros would leave its pages to the first reads)
+        self._timer_t = np.empty(TIMER_READ, dtype=np.int64)
+        self._timer_pages = np.empty(TIMER_READ, dtype=np.int64)
+        self._timer_t.fill(0)
+        self._timer_pages.fill(0)
         self._t_pointer = self._timer_t.ctypes.data_as(ctypes.POINTER(ctypes.c_int64))
         self._pages_pointer = self._timer_pages.ctypes.data_as(ctypes.POINTER(ctypes.c_int64))
         self._timer_first = ctypes.c_int64(0)

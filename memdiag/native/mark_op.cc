@@ -302,6 +302,11 @@ __attribute__((visibility("default"))) int64_t memdiag_timer_start(int64_t inter
   static const int registered = pthread_atfork(nullptr, nullptr, ForgetTimerInChild);
   (void)registered;
   g_timer_interval_ns = interval_ns < 1000000 ? 1000000 : interval_ns;
+  // Write every slot once, so that the ring is resident before the timer starts, not grown by its samples
+  // inside measured steps (no reader copies before the first sample is published).
+  if (g_sample_head.load(std::memory_order_acquire) == 0) {
+    for (uint64_t i = 0; i < kSampleCapacity; ++i) g_sample_t[i] = g_sample_pages[i] = 0;
+  }
   g_timer_stop.store(false, std::memory_order_release);
   g_timer_cpu_ns.store(-1, std::memory_order_release);
   const int err = pthread_create(&g_timer_thread, nullptr, TimerLoop, nullptr);
