@@ -42,11 +42,12 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import drain_cost  # noqa: E402
+import sampler_cost  # noqa: E402
 import step_cost  # noqa: E402
 
 from memdiag import nativemarks  # noqa: E402
 from memdiag.agent.records import RecordWriter  # noqa: E402
-from memdiag.agent.sampler import HighWaterMark, MemorySampler  # noqa: E402
+from memdiag.agent.sampler import HighWaterMark  # noqa: E402
 
 EVICT = np.ones(drain_cost.EVICT_BYTES // 8)
 
@@ -108,13 +109,8 @@ def step_records(times: int) -> float:
 
 def python_wake(interval_s: float, seconds: float) -> float:
     """CPU seconds a wake of memdiag's sampling thread (Python) costs at ``interval_s``."""
-    wakes = [0]
-    sampler = MemorySampler(interval_s)
-    sampler.on_sample = lambda rss: wakes.__setitem__(0, wakes[0] + 1)
-    sampler.start()
-    time.sleep(seconds)
-    sampler.stop()
-    return float(sampler.cpu_s or 0.0) / max(1, wakes[0])
+    cpu, wakes = sampler_cost.sampler(interval_s, seconds)
+    return cpu / max(1, wakes)
 
 
 def native_wake(marks: nativemarks.Marks, interval_s: float, seconds: float) -> float:

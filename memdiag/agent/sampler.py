@@ -172,14 +172,8 @@ class MemorySampler:
         if self._timer is None:
             return
         times, pages = self._timer.timer_read()
-        if not times:
-            return
-        with self._lock:
-            for t, resident in zip(times, pages):
-                if t >= self._since:
-                    self._insert(t, resident * _PAGE)
-            if len(self._rss) > MAX_SAMPLES_PER_STEP:
-                self._times, self._rss = decimate(self._times, self._rss)
+        if times:
+            self._add_late(times, pages, self._insert)
 
     def stop(self) -> None:
         self._stop.set()
@@ -215,10 +209,15 @@ class MemorySampler:
         """Samples taken by native marks (the op reads the resident pages where the graph reaches it),
         read late, each kept as :meth:`_put` keeps one, and only if later than the last
         :meth:`take_step` or :meth:`restart_peak` (earlier ones belong to no step still open)."""
+        self._add_late(times, pages, self._put)
+
+    def _add_late(self, times: list[float], pages: list[int], put: Callable[[float, int], None]) -> None:
+        """Samples read late (resident ``pages`` at ``times``) into the series by ``put``, those not
+        earlier than the last :meth:`take_step` or :meth:`restart_peak`."""
         with self._lock:
             for t, resident in zip(times, pages):
                 if t >= self._since:
-                    self._put(t, resident * _PAGE)
+                    put(t, resident * _PAGE)
             if len(self._rss) > MAX_SAMPLES_PER_STEP:
                 self._times, self._rss = decimate(self._times, self._rss)
 
