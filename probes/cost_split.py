@@ -30,7 +30,6 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -115,14 +114,12 @@ def python_wake(interval_s: float, seconds: float) -> float:
 
 def native_wake(marks: nativemarks.Marks, interval_s: float, seconds: float) -> float:
     """CPU seconds a wake of the native timer costs at ``interval_s``."""
-    before = marks._timer.memdiag_timer_head() if marks._timer is not None else 0
     if not marks.timer_start(interval_s):
         return float("nan")
     time.sleep(seconds)
     cpu = marks.timer_stop() or 0.0
-    marks.timer_read()
-    wakes = int(marks._timer.memdiag_timer_head()) - int(before)
-    return cpu / max(1, wakes)
+    times, _ = marks.timer_read()  # every sample since the start: one a wake
+    return cpu / max(1, len(times) + marks.timer_lost)
 
 
 def main() -> int:
@@ -153,21 +150,17 @@ def main() -> int:
         warm_cold = [drain_cost.once(k, 300, evict) for evict in (None, EVICT) for _ in range(args.repeats)]
         warm = statistics.median(r[1] for r in warm_cold[:args.repeats])
         cold_drain = statistics.median(r[1] for r in warm_cold[args.repeats:])
-        default = {"marks": mark, "drain (cold)": cold_drain, "wakes (Python)": python * wakes_a_step}
-        batched = {"marks": mark, "drain (warm)": warm,
-                   "wakes (native timer, and the thread's own)": native * wakes_a_step + python * idle_wakes}
+        # (part, by default, under --record-every: the drain warm, the native timer's wakes and the thread's own)
+        rows = [("marks in the graph (2 a collective; step wall)", mark, mark),
+                ("drain, step end and records (cold / warm)", cold_drain, warm),
+                ("wakes (Python / native timer)", python * wakes_a_step, native * wakes_a_step + python * idle_wakes)]
         print(f"\n{k} collectives a step")
         print(f"  {'part':46s} {'default':>10s} {'--record-every ' + format(args.record_every, 'g'):>18s}")
-        for name in ("marks", "drain", "wakes"):
-            d = next(v for key, v in default.items() if key.startswith(name))
-            b = next(v for key, v in batched.items() if key.startswith(name))
-            label = {"marks": "marks in the graph (2 a collective; step wall)",
-                     "drain": "drain, step end and records (cold / warm)",
-                     "wakes": "wakes (Python / native timer)"}[name]
+        for label, d, b in rows:
             print(f"  {label:46s} {d * 1e6:10.0f} {b * 1e6:18.0f}")
         print(f"  {'  of the drain: high-water-mark work (cold)':46s} {hwm * 1e6:10.0f}")
         print(f"  {'  of the drain: a step record, a mem record':46s} {records * 1e6:10.0f}")
-        total_d, total_b = sum(default.values()), sum(batched.values())
+        total_d, total_b = sum(row[1] for row in rows), sum(row[2] for row in rows)
         print(f"  {'sum':46s} {total_d * 1e6:10.0f} {total_b * 1e6:18.0f}")
         print(f"  {'share of the step':46s} {100 * total_d / step_s:9.2f}% {100 * total_b / step_s:17.2f}%")
     print(f"\nwake CPU: Python sampling thread {python * 1e6:.0f} us, native timer {native * 1e6:.0f} us; "
@@ -176,5 +169,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    threading.current_thread().name = "cost-split"
     sys.exit(main())

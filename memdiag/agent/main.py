@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             def started() -> None:
                 if hvd.rank() != rank:
                     raise RuntimeError(f"Horovod rank {hvd.rank()} differs from MPI rank {rank}")
-                writer.write_now({**_start_record(config, hvd, marks_used), "sampling": sampling,
-                                  "record_every_s": config.record_every_s if marks is not None else 0.0})
+                writer.write_now(_start_record(config, hvd, marks_used, sampling,
+                                               config.record_every_s if marks is not None else 0.0))
 
             hooks.install()
             if not config.is_script:
@@ -499,7 +499,8 @@ def _mpi_version() -> str | None:
         return None
 
 
-def _start_record(config: AgentConfig, hvd: Any, marks: str = "python") -> dict[str, Any]:
+def _start_record(config: AgentConfig, hvd: Any, marks: str = "python", sampling: str = "python",
+                  record_every_s: float = 0.0) -> dict[str, Any]:
     import horovod
     import tensorflow as tf
 
@@ -520,6 +521,8 @@ def _start_record(config: AgentConfig, hvd: Any, marks: str = "python") -> dict[
         },
         "cpu_count": os.cpu_count(),
         "marks": marks,
+        "sampling": sampling,
+        "record_every_s": record_every_s,
     }
 
 

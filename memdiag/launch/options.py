@@ -103,7 +103,7 @@ class LaunchOptions:
                    memray=args.memray, horovod_timeline=args.horovod_timeline,
                    threads_per_rank=args.threads_per_rank, max_warmup=args.max_warmup,
                    sample_interval_s=0.0 if args.sample_ms is None else args.sample_ms / 1000,
-                   record_every_s=getattr(args, "record_every", 0.0) or 0.0,
+                   record_every_s=args.record_every,
                    # --launcher is run's and compare's (add_launcher_option), not every verb's
                    launcher=getattr(args, "launcher", None) or DEFAULT_LAUNCHER)
 
