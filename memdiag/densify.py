@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from memdiag import agreement
+from memdiag import agreement, optimizer_input
 from memdiag.agreement import UNKNOWN
 from memdiag.formula import SparseGradientShape
 from memdiag.graphcalls import host_call
@@ -72,6 +72,8 @@ class DensifyPolicy:
         self.agree = agree if agree is not None else agree_horovod
         self.decisions: dict[str, Decision] = {}
         self._flags: dict[str, Any] = {}  # auto's decisions made when the first step ran, as variables
+        # auto: the gradients an optimizer took dense after their gather, by name: its class (optimizer_input)
+        self._dense_update: dict[str, str] = {}
 
     def decide(self, name: str, grad: tf.IndexedSlices, var: Any = None, script_densifies: bool = False,
                process_set: Any = None, reduce_op: str | None = None) -> Decision:
@@ -87,6 +89,8 @@ class DensifyPolicy:
                 and self.mode in ("auto", "dedup") else None
             decision = self._decide_shape(name, shape, local_distinct, script_densifies, process_set, world,
                                           reduce_op)
+            if not decision.densify:
+                self._keep_gathered(name, var)
             self.decisions[name] = decision
             if self.on_decision is not None:
                 self.on_decision(decision)
@@ -158,10 +162,36 @@ class DensifyPolicy:
         decision = self._decide_shape(name, shape, distinct, False, None)
         note = "; rows and distinct rows from the first batch's ids, before the step was traced"
         decision = replace(decision, reason=decision.reason + note)
+        if not decision.densify:
+            self._keep_gathered(name, var)
         self.decisions[name] = decision
         if self.on_decision is not None:
             self.on_decision(decision)
         return decision
+
+    def _keep_gathered(self, name: str, var: Any) -> None:
+        """``auto`` keeps ``var``'s gradient gathered (as IndexedSlices): an optimizer whose sparse update
+        holds more than its dense one takes it dense (:mod:`memdiag.optimizer_input`)."""
+        if self.mode == "auto" and var is not None:
+            optimizer_input.shared().keep(var, name, self._optimizer_takes_dense)
+
+    def _optimizer_takes_dense(self, name: str, optimizer: str) -> None:
+        """The optimizer ``optimizer`` took ``name``'s gathered rows dense: the decision says so (a second
+        policy record where it was already made; the first step's, at run time, says so itself)."""
+        self._dense_update[name] = optimizer
+        decision = self.decisions.get(name)
+        if decision is not None and decision.dense_update_by is None:
+            self.decisions[name] = decision = self._noted(decision)
+            if self.on_decision is not None:
+                self.on_decision(decision)
+
+    def _noted(self, decision: Decision) -> Decision:
+        by = self._dense_update.get(decision.name)
+        if by is None or decision.dense_update_by is not None:
+            return decision
+        return replace(decision, dense_update_by=by, reason=decision.reason + (
+            f"; the gathered rows are summed into a dense gradient before {by}'s update, whose update with "
+            "the rows holds more than with a dense gradient (measured: memdiag.optimizer_input)"))
 
     def decide_rows(self, name: str, shape: SparseGradientShape, local_rows: int, agreed_rows: int,
                     script_densifies: bool, world: int, local_distinct: int | None = None,
@@ -176,7 +206,7 @@ class DensifyPolicy:
             if dense_output and decision.reduction != "dense":
                 note += ("; the gathered rows are summed into a dense gradient for the optimizer (the step "
                          "was traced for a dense one)")
-            decision = replace(decision, reason=decision.reason + note)
+            decision = self._noted(replace(decision, reason=decision.reason + note))
             self.decisions[name] = decision
             if self.on_decision is not None:
                 self.on_decision(decision)
@@ -243,6 +273,8 @@ class DensifyPolicy:
             return flag.assign(chosen, read_value=True)
 
         choice = tf.cond(flag < 0, first_step, flag.read_value)
+        if not dense_output:
+            self._keep_gathered(name, var)
 
         def output(reduced: Any) -> Any:
             return tf.convert_to_tensor(reduced) if dense_output else reduced

@@ -68,6 +68,9 @@ class Decision:
     # --engine tf-distribute: every worker's rows (agreed: the same tuple on every worker), for the padding.
     rows_per_worker: tuple[int, ...] | None = None
     engine: str | None = None
+    # auto: the gathered rows summed into a dense gradient before this optimizer's update, whose sparse
+    # update was measured to hold more than its dense one (memdiag.optimizer_input); None: as reduced
+    dense_update_by: str | None = None
 
     @property
     def densify(self) -> bool:
@@ -146,6 +149,8 @@ class Decision:
             "dense_rows": None if shape is None else shape.dense_rows,
             "row_elements": None if shape is None else shape.row_elements,
         }
+        if self.dense_update_by is not None:
+            record.update({"optimizer_input": "dense", "optimizer": self.dense_update_by})
         if self.engine is not None:  # fields of --engine tf-distribute only: Horovod's records are unchanged
             record.update({"engine": self.engine,
                            "rows_per_worker": None if self.rows_per_worker is None else list(self.rows_per_worker),

@@ -170,6 +170,9 @@ class PolicyFields(TypedDict, total=False):
     index_bytes: int
     dense_rows: int
     row_elements: int
+    # auto, where the optimizer took the gathered rows summed into a dense gradient (memdiag.optimizer_input):
+    optimizer_input: str  # "dense"
+    optimizer: str  # its class, whose sparse update was measured to hold more than its dense one
     # --engine tf-distribute only (rows agreed over the workers):
     engine: str
     rows_per_worker: list[int]

@@ -42,6 +42,9 @@ def main() -> None:
     parser.add_argument("--reduce-by-hand", action="store_true",
                         help="no DistributedGradientTape: the words' gradient densified and allreduced, the "
                              "items' allgathered (hvd.allreduce of its IndexedSlices), the rest allreduced")
+    parser.add_argument("--densify-after-gather", action="store_true",
+                        help="with --reduce-by-hand: the items' gathered rows summed into a dense gradient "
+                             "before the optimizer (it takes its dense update)")
     args = parser.parse_args()
 
     hvd.init()
@@ -68,6 +71,8 @@ def main() -> None:
         if args.reduce_by_hand:
             grads = tape.gradient(loss, variables)
             grads = [hvd.allreduce(tf.convert_to_tensor(g) if v is words.embeddings else g) for g, v in zip(grads, variables)]
+            if args.densify_after_gather:
+                grads = [tf.convert_to_tensor(g) if v is items.embeddings else g for g, v in zip(grads, variables)]
         else:
             grads = hvd.DistributedGradientTape(tape).gradient(loss, variables)
         optimizer.apply_gradients(zip(grads, variables))

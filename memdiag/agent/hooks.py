@@ -41,7 +41,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework.func_graph import FuncGraph
 
-from memdiag import graphcalls
+from memdiag import graphcalls, optimizer_input
 from memdiag.agent import parameters
 from memdiag.agent.parameters import ParameterCapture
 from memdiag.agreement import AgreementError
@@ -575,6 +575,7 @@ class CollectiveHooks:
             setattr(module, attr, original)
         self._originals.clear()
         self.variables.uninstall()
+        optimizer_input.shared().uninstall()
 
     def _compare_reductions(self, name: str, grad: tf.IndexedSlices, op: Any, compression: Any,
                             process_set: Any) -> None:

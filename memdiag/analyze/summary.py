@@ -538,10 +538,17 @@ def summarize(run: Run) -> RunSummary:
     policy: dict[str, PolicySummary] = {}
     every_rank: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for records in run.ranks.values():
+        seen: set[str] = set()
         for p in records.policies:
-            policy.setdefault(p["name"], cast(PolicySummary, {k: v for k, v in p.items()
-                                                              if k not in ("type", "rank", "t", "step")}))
-            every_rank[p["name"]].append({**p, "rank": records.rank})
+            entry = policy.setdefault(p["name"], cast(PolicySummary, {k: v for k, v in p.items()
+                                                                      if k not in ("type", "rank", "t", "step")}))
+            if p.get("optimizer_input") and "optimizer_input" not in entry:
+                # auto: a later record says the optimizer took the gathered rows dense (memdiag.optimizer_input)
+                entry.update({"optimizer_input": p["optimizer_input"], "optimizer": p.get("optimizer") or "",
+                              "reason": p["reason"]})
+            if p["name"] not in seen:
+                seen.add(p["name"])
+                every_rank[p["name"]].append({**p, "rank": records.rank})
     # One rank's record is not the job's: rows differ between ranks outside auto (gradient_rows).
     for name, found in gradient_rows(run, every_rank).items():
         entry = policy[name]

@@ -131,7 +131,10 @@ def policy_table(summary: RunSummary) -> FitTable | None:
                      title="IndexedSlices gradients: reduction chosen")
     scope = common_scope([p["name"] for p in summary["policy"]])
     for p in summary["policy"]:
-        table.add_row(short_name(p["name"], scope), REDUCED_AS.get(p["decision"], p["decision"]), Text(p["reason"]))
+        reduced_as = REDUCED_AS.get(p["decision"], p["decision"])
+        if p.get("optimizer_input") == "dense":
+            reduced_as += ", dense to the optimizer"
+        table.add_row(short_name(p["name"], scope), reduced_as, Text(p["reason"]))
     return table
 
 
