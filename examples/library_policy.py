@@ -50,7 +50,8 @@ def main() -> None:
         loss = step(rng.integers(0, 1000, (64, 32)), rng.integers(0, 200_000, (64, 2)), tag_ids,
                     rng.random(64, dtype=np.float32))
     if hvd.rank() == 0:
-        decisions = {name: {"decision": d.reduction, "reason": d.reason}
+        # dense_update_by: the optimizer's class, where it took the gathered rows summed into a dense gradient
+        decisions = {name: {"decision": d.reduction, "reason": d.reason, "dense_update_by": d.dense_update_by}
                      for name, d in step.policy.decisions.items()}
         print(json.dumps({"loss": float(loss), "decisions": decisions, "handed": step.handed}))
 

@@ -42,6 +42,11 @@ def main() -> None:
     parser.add_argument("--reduce-by-hand", action="store_true",
                         help="no DistributedGradientTape: the words' gradient densified and allreduced, the "
                              "items' allgathered (hvd.allreduce of its IndexedSlices), the rest allreduced")
+    parser.add_argument("--tape", choices=("horovod", "memdiag-auto", "memdiag-dense"), default="horovod",
+                        help="the gradient tape: Horovod's (the default), or memdiag's drop-in "
+                             "(memdiag.tensorflow.DistributedGradientTape) with mode auto or dense")
+    parser.add_argument("--print-peak", action="store_true",
+                        help="every rank prints its process's peak RSS (VmHWM) at the end")
     parser.add_argument("--densify-after-gather", action="store_true",
                         help="with --reduce-by-hand: the items' gathered rows summed into a dense gradient "
                              "before the optimizer (it takes its dense update)")
@@ -73,6 +78,10 @@ def main() -> None:
             grads = [hvd.allreduce(tf.convert_to_tensor(g) if v is words.embeddings else g) for g, v in zip(grads, variables)]
             if args.densify_after_gather:
                 grads = [tf.convert_to_tensor(g) if v is items.embeddings else g for g, v in zip(grads, variables)]
+        elif args.tape != "horovod":
+            import memdiag.tensorflow as mdt
+
+            grads = mdt.DistributedGradientTape(tape, mode=args.tape.split("-")[1]).gradient(loss, variables)
         else:
             grads = hvd.DistributedGradientTape(tape).gradient(loss, variables)
         optimizer.apply_gradients(zip(grads, variables))
@@ -95,6 +104,10 @@ def main() -> None:
         for v in trainable():
             h.update(v.numpy().tobytes())
         print(f"final {h.hexdigest()}", flush=True)
+    if args.print_peak:
+        with open("/proc/self/status") as status:
+            peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+        print(f"rank {hvd.rank()} peak_rss_mib {peak / 1024:.0f}", flush=True)
 
 
 if __name__ == "__main__":

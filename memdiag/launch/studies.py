@@ -119,7 +119,7 @@ def run_compare(request: CompareRequest, console: Console) -> Comparison | Engin
     verify_n = min((n for n in request.rank_counts if n > 1), default=None)
     run_dirs: dict[str, dict[tuple[int, str], list[str]]] = {engine: {} for engine in request.engines}
     verify_dirs: dict[str, str] = {}
-    steps = request.options.steps
+    steps = None if is_script(request.target) else request.options.steps  # a script runs the steps it runs
     named = request.engine == BOTH
     with Progress(*_COLUMNS, console=console, transient=True) as progress:
         overall = progress.add_task("comparison", total=len(runs))

@@ -270,11 +270,16 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
+def _steps(result: Comparison | EnginesComparison) -> str:
+    """The header's steps: a built-in workload's (a script runs its own: null in compare.json)."""
+    return "" if result.get("steps") is None else f"  steps {result.get('steps')}"
+
+
 def compare_report(result: Comparison) -> Group:
     title = f"{result['workload']}" + (f" ({result['preset']})" if result.get("preset") else "")
     engine = f"  engine {result['engine']}" if result.get("engine") else ""  # Horovod's compare.json names none
     header = Panel(Text(f"{title}{engine}  modes {', '.join(result.get('modes', []))}  "
-                        f"ranks {', '.join(map(str, result.get('rank_counts', [])))}  steps {result.get('steps')}"),
+                        f"ranks {', '.join(map(str, result.get('rank_counts', [])))}{_steps(result)}"),
                    title="memdiag compare sparse-vs-dense", expand=False)
     parts: list[Any] = [header]
     if headline := result.get("headline"):
@@ -433,7 +438,7 @@ def engines_report(result: EnginesComparison) -> Group:
     title = f"{result['workload']}" + (f" ({result['preset']})" if result.get("preset") else "")
     header = Panel(Text(f"{title}  engines {', '.join(result.get('engine_order', []))}  "
                         f"modes {', '.join(result.get('modes', []))}  "
-                        f"ranks {', '.join(map(str, result.get('rank_counts', [])))}  steps {result.get('steps')}"),
+                        f"ranks {', '.join(map(str, result.get('rank_counts', [])))}{_steps(result)}"),
                    title="memdiag compare sparse-vs-dense --engine both", expand=False)
     parts: list[Any] = [Text(engines_sentence(result), style="bold"), header]
     if headline := result.get("headline"):

@@ -52,9 +52,16 @@ def test_compare_writes_rows_growth_and_correctness(comparison):
     for text in ("Per rank count and mode", "Growth per added rank", "peak RSS per rank", "Correctness PASSED"):
         assert text in result.stdout
     # a built-in workload's auto decided from the first batch's ids before tracing (no run-time switch)
-    policies = [r for r in read_records(out / "n2-auto" / "rank-0.jsonl") if r["type"] == "policy"]
+    records = [r for r in read_records(out / "n2-auto" / "rank-0.jsonl") if r["type"] == "policy"]
+    policies = [r for r in records if "optimizer_input" not in r]
     assert policies and all("before the step was traced" in p["reason"] for p in policies)
     assert all(p["step"] == -1 and p["distinct_rows"] is not None for p in policies)
+    # a table kept gathered reaches Keras Adam summed dense (memdiag.optimizer_input), said by a second record
+    # when the step's update was built; the summary's entry takes it
+    kept = {p["name"] for p in policies if p["decision"] != "dense"}
+    assert {r["name"] for r in records if r.get("optimizer") == "Adam" and r["optimizer_input"] == "dense"} == kept
+    entries = read_json(out / "n2-auto" / "summary.json")["policy"]
+    assert {e["name"] for e in entries if e.get("optimizer_input") == "dense"} == kept
 
 
 def test_compare_report_rerenders_from_the_directory(comparison):

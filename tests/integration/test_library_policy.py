@@ -37,3 +37,9 @@ def test_auto_densifies_the_assumed_sparse_table_keeps_the_truly_sparse_one_and_
     handed = report["handed"]
     assert handed["words/embeddings:0"] == "dense"
     assert handed["items/embeddings:0"] == handed["tags/embeddings:0"] == "IndexedSlices"
+    # ... and inside Keras SGD's apply_gradients the gathered ones are summed dense: its update with the
+    # rows was measured to hold more (memdiag.optimizer_input); the table it took dense already is not noted
+    assert decisions["items/embeddings:0"]["dense_update_by"] == decisions["tags/embeddings:0"]["dense_update_by"] \
+        == "SGD"
+    assert "before SGD's update" in decisions["items/embeddings:0"]["reason"]
+    assert decisions["words/embeddings:0"]["dense_update_by"] is None

@@ -22,7 +22,7 @@ LAYERS = [
     "ports", "agentconfig", "agreement",
     "collect",
     "analyze",
-    "graphcalls", "nativemarks", "densify", "workloads", "doctor", "agent", "tensorflow",
+    "graphcalls", "nativemarks", "optimizer_input", "densify", "workloads", "doctor", "agent", "tensorflow",
     "report",
     "launch",
     "commands",
