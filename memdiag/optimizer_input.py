@@ -6,16 +6,18 @@ dense gradient.
 table keeps the allgather. The optimizer then takes an IndexedSlices, and for some optimizers that is
 no saving at all: Keras 2's Adam applies one as ``m.assign_add(-m * (1 - beta_1))`` and a scatter (the
 same for v), then a step over the whole table, so its update holds table-sized temporaries as the dense
-update does, and more. ``probes/optimizer_update_peak.py`` measures, per optimizer, the rise of one
-update's peak over its start with the tape's IndexedSlices and with the same gradient made dense (which
-holds a table-sized gradient more); the optimizers whose sparse update peaked higher beyond the noise in
-one of its settings at least (oneDNN on, as TensorFlow sets it, and off) and lower in neither are
-:data:`DENSE_UPDATE`. For those, a gradient
-``auto`` kept gathered is summed into a dense gradient (``tf.convert_to_tensor``, as Horovod's
-``sparse_as_dense`` does before its allreduce) right before the optimizer's update: the collective stays
-the small gather, and the update is the dense one. Other optimizers (Adagrad, RMSprop, the
-legacy SGD, and any optimizer not measured, such as TF1's ``tf.compat.v1.train`` ones) get the gathered
-rows, as before.
+update does, and in a ``tf.function`` more. ``probes/optimizer_update_peak.py`` measures, per
+optimizer, one update's peak with the tape's IndexedSlices and with the same gradient made dense (which
+holds a table-sized gradient more). The optimizers whose sparse update peaked
+higher beyond the noise in one of its settings at least (oneDNN on, as TensorFlow sets it, and off) and
+lower in neither are :data:`DENSE_UPDATE`. For those, a gradient ``auto`` kept gathered is summed into a
+dense gradient (``tf.convert_to_tensor``, as Horovod's ``sparse_as_dense`` does before its allreduce)
+right before the optimizer's update: the collective stays the small gather, and the update is the dense
+one. The table is by how the update is called, built in a graph (a ``tf.function``, Keras's ``fit``) or
+eagerly, op by op, where every temporary is freed as soon as it is used: eagerly, Keras's Adam, Nadam and
+SGD held less with the rows with oneDNN off, and take them; the legacy Adam held more both ways. Other optimizers
+(Adagrad, RMSprop, the legacy SGD, and any optimizer not measured, such as TF1's ``tf.compat.v1.train``
+ones) get the gathered rows.
 
 The conversion happens inside the optimizer's ``apply_gradients`` (Keras 2's optimizers and their
 legacy ones, which Horovod's ``DistributedOptimizer`` and Keras's ``fit`` call too), for the variables
@@ -32,15 +34,18 @@ from typing import Any
 
 # Optimizer classes (module, name) whose update with an IndexedSlices gradient was measured to peak above
 # its update with the same gradient dense, in one setting of oneDNN at least and below it in neither
-# (probes/optimizer_update_peak.py, TensorFlow 2.15, a 500,000 x 64 table: docs/notes/comparisons.md);
-# the figures are the sparse path's peak minus the dense path's (which holds the dense gradient), oneDNN
-# on / off. Keras's SGD is one class with or without momentum: without, its sparse update still scales
-# a table-sized momentum slot (+148 / +227 MiB); with 0.9, within noise (+1 / -20 MiB).
-DENSE_UPDATE: dict[tuple[str, str], str] = {
-    ("keras.src.optimizers.adam", "Adam"): "+246 / +52 MiB",
-    ("keras.src.optimizers.nadam", "Nadam"): "+402 / +92 MiB",
-    ("keras.src.optimizers.sgd", "SGD"): "+148 / +227 MiB without momentum",
-    ("keras.src.optimizers.legacy.adam", "Adam"): "+124 / +18 MiB",
+# (probes/optimizer_update_peak.py [--eager], TensorFlow 2.15, a 500,000 x 64 table:
+# docs/notes/comparisons.md), by how the update was called: "graph" (built in a tf.function, as Keras's
+# fit does) and "eager" (op by op). The figures are the sparse path's peak minus the dense path's (which
+# holds the dense gradient), oneDNN on / off. Keras's SGD is one class with or without momentum: without,
+# its sparse update in a graph still scales a table-sized momentum slot (+148 / +227 MiB); with 0.9,
+# within noise (+1 / -20 MiB). Eager, Keras's Adam, Nadam and SGD peaked lower with the rows with oneDNN
+# off (-95 to -205 MiB).
+DENSE_UPDATE: dict[tuple[str, str], dict[str, str]] = {
+    ("keras.src.optimizers.adam", "Adam"): {"graph": "+246 / +52 MiB"},
+    ("keras.src.optimizers.nadam", "Nadam"): {"graph": "+402 / +92 MiB"},
+    ("keras.src.optimizers.sgd", "SGD"): {"graph": "+148 / +227 MiB without momentum"},
+    ("keras.src.optimizers.legacy.adam", "Adam"): {"graph": "+124 / +18 MiB", "eager": "+765 / +523 MiB"},
 }
 
 # Called once per variable when its gathered gradient is first handed to the optimizer dense:
@@ -48,13 +53,14 @@ DENSE_UPDATE: dict[tuple[str, str], str] = {
 OnDense = Callable[[str, str], None]
 
 
-def dense_update(optimizer: Any) -> str | None:
-    """The name of ``optimizer``'s measured class whose sparse update holds more than its dense one (the
-    first in its class's method order, so Horovod's ``DistributedOptimizer``, made as a subclass of the
-    script's optimizer, counts as it), or None."""
+def dense_update(optimizer: Any, eager: bool = False) -> str | None:
+    """The name of ``optimizer``'s measured class whose sparse update holds more than its dense one when
+    called as it is (``eager`` or in a graph), the first in its class's method order (so Horovod's
+    ``DistributedOptimizer``, made as a subclass of the script's optimizer, counts as it); else None."""
     for cls in type(optimizer).__mro__:
-        if (cls.__module__, cls.__name__) in DENSE_UPDATE:
-            return cls.__name__
+        measured = DENSE_UPDATE.get((cls.__module__, cls.__name__))
+        if measured is not None:
+            return cls.__name__ if ("eager" if eager else "graph") in measured else None
     return None
 
 
@@ -88,10 +94,11 @@ class OptimizerInput:
         where its class is in :data:`DENSE_UPDATE`; otherwise as they came."""
         if not self._kept:
             return grads_and_vars
-        which = dense_update(optimizer)
+        import tensorflow as tf
+
+        which = dense_update(optimizer, eager=tf.executing_eagerly())
         if which is None:
             return grads_and_vars
-        import tensorflow as tf
 
         pairs = list(grads_and_vars)
         out = []

@@ -10,11 +10,13 @@ peak above the RSS before the first step (the table made; the optimizer's slots 
 step on either path). With oneDNN's pooled allocator a step's rise is near 0 on both paths (the pool
 keeps what earlier steps held), so the verdict is on the peak above the run's start: "sparse holds more"
 where the sparse path's median is above the dense path's by more than either path's interquartile
-range over its steps. The last line lists those optimizers (memdiag.optimizer_input's table)::
+range over its steps (and more than 4 MiB). The last line lists those optimizers; memdiag.optimizer_input's
+table holds those listed in one setting of oneDNN at least and "dense holds more" in neither::
 
-    .venv/bin/python probes/optimizer_update_peak.py [--steps 10] [--optimizers adam sgd ...] [--onednn]
+    .venv/bin/python probes/optimizer_update_peak.py [--steps 10] [--optimizers adam sgd ...|all] [--onednn] [--eager]
 
-``--onednn`` leaves oneDNN's options as TensorFlow sets them (on, its pooled allocator), as a job runs
+``--eager`` runs the step eagerly (op by op: each temporary is freed as soon as it is used), by default
+it is a ``tf.function``. ``--onednn`` leaves oneDNN's options as TensorFlow sets them (on, its pooled allocator), as a job runs
 by default; without it they are off. ``--optimizers all`` measures every optimizer the probe knows.
 
 Keras 2's Adam applies an IndexedSlices as ``m.assign_add(-m * (1 - beta_1))`` and a scatter (likewise
@@ -32,6 +34,9 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 2**20
+# The smallest difference the verdict tells from noise: with oneDNN's pool a path's steps can all read the
+# same RSS (an interquartile range of 0), and a difference of a page or a few is not a finding.
+FLOOR = 4 * MiB
 # The optimizers the probe builds, by name: Keras 2's (tf.keras.optimizers, and .legacy)
 OPTIMIZERS = {
     "adam": lambda k: k.Adam(1e-3),
@@ -50,7 +55,7 @@ OPTIMIZERS = {
 }
 
 
-def one(path: str, optimizer: str, steps: int) -> None:
+def one(path: str, optimizer: str, steps: int, eager: bool = False) -> None:
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     import numpy as np
     import tensorflow as tf
@@ -63,7 +68,6 @@ def one(path: str, optimizer: str, steps: int) -> None:
     opt = OPTIMIZERS[optimizer](tf.keras.optimizers)
     rng = np.random.default_rng(1)
 
-    @tf.function
     def step(ids):
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(tf.gather(table, ids) ** 2)
@@ -72,6 +76,9 @@ def one(path: str, optimizer: str, steps: int) -> None:
             gradient = tf.convert_to_tensor(gradient)
         opt.apply_gradients([(gradient, table)])
         return loss
+
+    if not eager:
+        step = tf.function(step)
 
     base = read_rss()  # the table made; the optimizer's slots are made by the first step, on either path
     for s in range(steps):
@@ -96,22 +103,25 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--optimizers", nargs="+", default=["adam", "sgd"], choices=[*OPTIMIZERS, "all"])
     parser.add_argument("--onednn", action="store_true", help="oneDNN's options as TensorFlow sets them")
+    parser.add_argument("--eager", action="store_true", help="the step run eagerly (by default a tf.function)")
     parser.add_argument("--one", nargs=2, metavar=("PATH", "OPTIMIZER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        one(args.one[0], args.one[1], args.steps)
+        one(args.one[0], args.one[1], args.steps, args.eager)
         return 0
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     if not args.onednn:
         env["TF_ENABLE_ONEDNN_OPTS"] = "0"
     print(f"{os.cpu_count()} cores; 500,000 x 64 float32 table (122 MiB), 32,768 ids a step; "
           f"rise of the step's peak RSS over its start, median of steps 2..{args.steps - 1}; "
-          f"oneDNN {'as TensorFlow sets it' if args.onednn else 'off'}")
+          f"oneDNN {'as TensorFlow sets it' if args.onednn else 'off'}; the step "
+          f"{'eager' if args.eager else 'a tf.function'}")
     held = []
     for optimizer in (list(OPTIMIZERS) if "all" in args.optimizers else args.optimizers):
         figures: dict[str, dict[str, list[int]]] = {}
         for path in ("sparse", "dense"):
-            done = subprocess.run([sys.executable, __file__, "--one", path, optimizer, "--steps", str(args.steps)],
+            done = subprocess.run([sys.executable, __file__, "--one", path, optimizer, "--steps", str(args.steps)]
+                                  + (["--eager"] if args.eager else []),
                                   capture_output=True, text=True, env=env, timeout=600)
             lines = [line.split() for line in done.stdout.splitlines() if line.startswith("step ")]
             if done.returncode != 0 or len(lines) < 4:
@@ -124,7 +134,7 @@ def main() -> int:
         # start is near 0 on both paths): sparse above dense by more than either path's spread over its steps
         sparse, dense = figures["sparse"]["above"], figures["dense"]["above"]
         gap = statistics.median(sparse) - statistics.median(dense)
-        spread = max(_iqr(sparse), _iqr(dense))
+        spread = max(_iqr(sparse), _iqr(dense), FLOOR)
         verdict = "sparse holds more" if gap > spread else ("dense holds more" if -gap > spread else "within noise")
         if gap > spread:
             held.append(optimizer)
