@@ -15,7 +15,8 @@ dense gradient (``tf.convert_to_tensor``, as Horovod's ``sparse_as_dense`` does 
 right before the optimizer's update: the collective stays the small gather, and the update is the dense
 one. The table is by how the update is called, built in a graph (a ``tf.function``, Keras's ``fit``) or
 eagerly, op by op, where every temporary is freed as soon as it is used: eagerly, Keras's Adam, Nadam and
-SGD held less with the rows with oneDNN off, and take them; the legacy Adam held more both ways. Other optimizers
+SGD held less with the rows with oneDNN off, and take them; the legacy Adam held more both ways. Keras's
+SGD is handed dense without momentum only (with 0.9 its graph update was level within noise). Other optimizers
 (Adagrad, RMSprop, the legacy SGD, and any optimizer not measured, such as TF1's ``tf.compat.v1.train``
 ones) get the gathered rows.
 
@@ -39,12 +40,12 @@ from typing import Any
 # fit does) and "eager" (op by op). The figures are the sparse path's peak minus the dense path's (which
 # holds the dense gradient), oneDNN on / off. Keras's SGD is one class with or without momentum: without,
 # its sparse update in a graph still scales a table-sized momentum slot (+148 / +227 MiB); with 0.9,
-# within noise (+1 / -20 MiB). Eager, Keras's Adam, Nadam and SGD peaked lower with the rows with oneDNN
-# off (-95 to -205 MiB).
+# within noise (+1 / -20 MiB), so only an SGD without momentum is handed dense. Eager, Keras's Adam,
+# Nadam and SGD peaked lower with the rows with oneDNN off (-95 to -205 MiB).
 DENSE_UPDATE: dict[tuple[str, str], dict[str, str]] = {
     ("keras.src.optimizers.adam", "Adam"): {"graph": "+246 / +52 MiB"},
     ("keras.src.optimizers.nadam", "Nadam"): {"graph": "+402 / +92 MiB"},
-    ("keras.src.optimizers.sgd", "SGD"): {"graph": "+148 / +227 MiB without momentum"},
+    ("keras.src.optimizers.sgd", "SGD"): {"graph": "+148 / +227 MiB without momentum"},  # momentum 0 only
     ("keras.src.optimizers.legacy.adam", "Adam"): {"graph": "+124 / +18 MiB", "eager": "+765 / +523 MiB"},
 }
 
@@ -60,8 +61,18 @@ def dense_update(optimizer: Any, eager: bool = False) -> str | None:
     for cls in type(optimizer).__mro__:
         measured = DENSE_UPDATE.get((cls.__module__, cls.__name__))
         if measured is not None:
+            if cls.__name__ == "SGD" and _momentum(optimizer) != 0:  # with momentum 0.9: within noise
+                return None
             return cls.__name__ if ("eager" if eager else "graph") in measured else None
     return None
+
+
+def _momentum(optimizer: Any) -> float | None:
+    """The optimizer's momentum, where it is a plain number (None: unknown, e.g. a schedule)."""
+    try:
+        return float(optimizer.momentum)
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 class OptimizerInput:

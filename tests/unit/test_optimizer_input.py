@@ -67,6 +67,12 @@ def test_the_table_is_by_how_the_update_is_called():
     assert dense_update(tf.keras.optimizers.legacy.Adam(), eager=False) == "Adam"
 
 
+def test_keras_sgd_is_handed_dense_without_momentum_only():
+    # one class: without momentum its graph update scales a table-sized slot (measured); with 0.9, noise
+    assert dense_update(tf.keras.optimizers.SGD(0.1)) == "SGD"
+    assert dense_update(tf.keras.optimizers.SGD(0.1, momentum=0.9)) is None
+
+
 def test_a_subclass_counts_as_its_measured_class():
     subclass = type("Adam", (tf.keras.optimizers.Adam,), {})  # as hvd.DistributedOptimizer makes one
     assert dense_update(subclass()) == "Adam"
