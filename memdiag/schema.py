@@ -565,6 +565,7 @@ class GrowthTensor(TypedDict):
     auto_decision: NotRequired[str]
     auto_reason: NotRequired[str]
     auto_world_size: NotRequired[int]
+    auto_optimizer_input: NotRequired[str]  # "dense": gathered, then handed dense to the optimizer
     dedup: NotRequired[MergedTensor]
 
 
@@ -581,6 +582,7 @@ class Physics(TypedDict, total=False):
     dense_peak_bytes: float | None
     auto_densified: list[str]
     auto_merged: list[str]
+    auto_dense_to_optimizer: list[str]  # gathered, then handed dense to the optimizer (memdiag.optimizer_input)
     best_fixed_mode: str | None
     lowest_peak_mode: str | None
     auto_vs_sparse: float | None

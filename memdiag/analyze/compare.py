@@ -141,6 +141,8 @@ def growth_tensors(summaries: dict[tuple[int, str], RunSummary], min_world_size:
         entry["auto_decision"] = policy["decision"]
         entry["auto_reason"] = policy["reason"]
         entry["auto_world_size"] = auto_n
+        if policy.get("optimizer_input"):
+            entry["auto_optimizer_input"] = policy["optimizer_input"]
     _add_merging(tensors, summaries)
     return sorted(tensors.values(), key=lambda t: -(t["growth_bytes_per_rank"] or 0))
 
@@ -574,6 +576,7 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
     sparse_peak = peak(largest, "sparse")
     densified = [t["name"] for t in result.get("tensors", []) if t.get("auto_decision") == "dense"]
     merged = [t["name"] for t in result.get("tensors", []) if t.get("auto_decision") == "dedup"]
+    handed_dense = [t["name"] for t in result.get("tensors", []) if t.get("auto_optimizer_input") == "dense"]
     sparse_growth = result["growth_bytes_per_rank"].get("sparse")
     predicted_rss = None if predicted is None or k is None else k * predicted
     fitted = [n for n in counts if (n, "sparse") in by_key and n >= result.get("growth_fitted_from_world_size", 1)]
@@ -593,6 +596,7 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
         "dense_peak_bytes": dense_high if dense_high is not None else peak(largest, "dense"),
         "auto_densified": densified,
         "auto_merged": merged,
+        "auto_dense_to_optimizer": handed_dense,
         "best_fixed_mode": None if not fixed else min(fixed, key=lambda m: fixed[m]),
         "lowest_peak_mode": min(every, key=lambda m: every[m]) if every else None,
         "auto_vs_sparse": None if auto_peak is None or not sparse_peak else auto_peak / sparse_peak - 1,

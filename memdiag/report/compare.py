@@ -215,6 +215,9 @@ def physics_parts(p: Physics) -> list[str]:
         part = f"auto densified {count} tensor(s)"
         if p.get("auto_merged"):
             part += f" and merged {len(p['auto_merged'])}"
+        handed_dense = len(p.get("auto_dense_to_optimizer") or [])
+        if handed_dense:
+            part += f", and handed {handed_dense} gathered dense to the optimizer"
         if p.get("auto_vs_sparse") is not None:
             part += f": {p['auto_vs_sparse']:+.0%} against sparse at N={p['largest_world_size']}"
         above_best = p.get("auto_minus_best_bytes")
@@ -228,8 +231,11 @@ def physics_parts(p: Physics) -> list[str]:
                 part += f", {format_bytes(above_best)} above {best}"
                 if p.get("auto_vs_best_beyond_noise"):
                     phase = (p.get("phases") or {}).get("auto", {}).get(str(p["largest_world_size"]))
-                    part += (" beyond the noise (auto weighs the bytes its collectives move, not what the "
-                             "rest of the step does with a tensor kept sparse"
+                    weighs = ("the bytes its collectives move and the optimizer's update as measured in one "
+                              "process (memdiag/optimizer_input.py), not the whole step" if handed_dense else
+                              "the bytes its collectives move, not what the rest of the step does with a tensor "
+                              "kept sparse")
+                    part += (f" beyond the noise (auto weighs {weighs}"
                              + (f"; its peak was set in the {phase} phase" if phase else "") + ")")
         parts.append(part)
     if p.get("lowest_peak_mode"):

@@ -35,3 +35,24 @@ def test_without_a_sparse_run_the_growth_is_unmeasured_and_what_auto_kept_gather
     text = verdict(result).plain
     assert "Growth with the rank count not measured: no sparse run" in text and "auto kept items" in text
     assert "No collective output grows" not in text
+
+
+def test_a_table_handed_dense_to_the_optimizer_is_counted_and_what_auto_weighed_said():
+    physics = {**_physics(6 * MiB, True), "auto_dense_to_optimizer": ["model/items:0"]}
+    [_, auto, _] = physics_parts(physics)
+    assert "and handed 1 gathered dense to the optimizer" in auto
+    assert "the optimizer's update as measured in one process" in auto
+    assert "not what the rest of the step does" not in auto
+    [_, plain, _] = physics_parts(_physics(6 * MiB, True))
+    assert "handed" not in plain and "not what the rest of the step does" in plain
+
+
+def test_the_tensor_entry_carries_what_auto_handed_the_optimizer():
+    from memdiag.analyze.compare import growth_tensors
+
+    policy = {"name": "items", "decision": "sparse", "reason": "r", "optimizer_input": "dense"}
+    summaries = {(4, "auto"): {"policy": [policy, {"name": "words", "decision": "dense", "reason": "r"}],
+                               "collectives": []}}
+    tensors = {t["name"]: t for t in growth_tensors(summaries)}
+    assert tensors["items"]["auto_optimizer_input"] == "dense"
+    assert "auto_optimizer_input" not in tensors["words"]
