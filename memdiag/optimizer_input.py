@@ -16,9 +16,10 @@ right before the optimizer's update: the collective stays the small gather, and 
 one. The table is by how the update is called, built in a graph (a ``tf.function``, Keras's ``fit``) or
 eagerly, op by op, where every temporary is freed as soon as it is used: eagerly, Keras's Adam, Nadam and
 SGD held less with the rows with oneDNN off, and take them; the legacy Adam held more both ways. Keras's
-SGD is handed dense without momentum only (with 0.9 its graph update was level within noise). Other optimizers
-(Adagrad, RMSprop, the legacy SGD, and any optimizer not measured, such as TF1's ``tf.compat.v1.train``
-ones) get the gathered rows.
+SGD is handed dense without momentum only (with 0.9 its graph update was level within noise). Other
+optimizers (Adagrad, RMSprop, the legacy SGD, and any optimizer not measured, such as TF1's
+``tf.compat.v1.train`` ones) get the gathered rows. What the optimizer is handed changes no collective:
+the reduction is done by then.
 
 The conversion happens inside the optimizer's ``apply_gradients`` (Keras 2's optimizers and their
 legacy ones, which Horovod's ``DistributedOptimizer`` and Keras's ``fit`` call too), for the variables
@@ -96,10 +97,6 @@ class OptimizerInput:
             if not self._originals:
                 self._install()
 
-    def kept(self, var: Any) -> bool:
-        ref = _ref(var)
-        return ref is not None and ref in self._kept
-
     def convert(self, optimizer: Any, grads_and_vars: Any) -> Any:
         """``grads_and_vars`` as ``optimizer`` should take them: the kept variables' IndexedSlices dense,
         where its class is in :data:`DENSE_UPDATE`; otherwise as they came."""
@@ -118,8 +115,10 @@ class OptimizerInput:
             if isinstance(grad, tf.IndexedSlices) and ref is not None and ref in self._kept:
                 grad = tf.convert_to_tensor(grad)
                 name, on_dense = self._kept[ref]
-                if on_dense is not None and (ref, which) not in self._told:
+                with self._lock:
+                    first = (ref, which) not in self._told
                     self._told.add((ref, which))
+                if on_dense is not None and first:
                     on_dense(name, which)
             out.append((grad, var))
         return out
