@@ -30,9 +30,10 @@ the dense allreduce's sum in another order: float rounding apart, the update is 
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 # Optimizer classes (module, name) whose update with an IndexedSlices gradient was measured to peak above
 # its update with the same gradient dense, in one setting of oneDNN at least and below it in neither
@@ -148,14 +149,17 @@ class OptimizerInput:
 
 
 def _wrapped(original: Callable[..., Any], hand: OptimizerInput) -> Callable[..., Any]:
+    """``original`` with the gradients converted first. Keras's ``apply_gradients`` is one autograph never
+    converts (its module is allowlisted), so the wrapper is an autograph artifact: a script's converted
+    ``tf.function`` calls it, and through it Keras's method, unconverted, as a plain run does."""
+    from tensorflow.python.autograph.impl.api import autograph_artifact
+
+    @functools.wraps(original)
     def apply_gradients(self: Any, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
         return original(self, hand.convert(self, grads_and_vars), *args, **kwargs)
 
     apply_gradients.__memdiag__ = True  # type: ignore[attr-defined]
-    apply_gradients.__wrapped__ = original  # type: ignore[attr-defined]
-    apply_gradients.__name__ = getattr(original, "__name__", "apply_gradients")
-    apply_gradients.__doc__ = getattr(original, "__doc__", None)
-    return apply_gradients
+    return cast(Callable[..., Any], autograph_artifact(apply_gradients))
 
 
 def _ref(var: Any) -> Any:
