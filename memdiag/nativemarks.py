@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,11 +66,16 @@ class Marks:
     """The loaded op and its ring: :meth:`mark` puts a mark into the graph being built, :meth:`read`
     returns the records written since the last read."""
 
-    def __init__(self, library: Path) -> None:
+    def __init__(self, library: Path, ring_file: str | None = None) -> None:
         import tensorflow as tf
 
         self._ops = tf.load_op_library(str(library))
         c = ctypes.CDLL(str(library))  # the same handle: the ring TensorFlow's copy writes
+        # The ring and the timer's samples in a file mapped shared (before the first mark), so that they
+        # outlive a rank killed outright: memdiag.agent.replay makes them into records afterwards.
+        self.ring_file: str | None = None
+        if ring_file is not None and self._map(c, ring_file):
+            self.ring_file = ring_file
         for name in ("memdiag_ring_capacity", "memdiag_ring_record_words", "memdiag_ring_head",
                      "memdiag_ring_prefault"):
             getattr(c, name).restype = ctypes.c_int64
@@ -100,6 +106,17 @@ class Marks:
         self._timer_first = ctypes.c_int64(0)
         self.resident_bytes += self._timer_t.nbytes + self._timer_pages.nbytes
         self.timer_lost = 0  # samples the timer wrote over before they were read
+
+    @staticmethod
+    def _map(c: Any, path: str) -> bool:
+        """Move the library's ring into the file at ``path``; False where it could not (a library built
+        before it could, a file that could not be made or mapped, marks written already)."""
+        try:
+            c.memdiag_ring_map.restype = ctypes.c_int64
+            c.memdiag_ring_map.argtypes = [ctypes.c_char_p]
+        except AttributeError:
+            return False
+        return int(c.memdiag_ring_map(os.fsencode(path))) == 0
 
     @staticmethod
     def _timer_functions(c: Any) -> Any:
@@ -181,9 +198,11 @@ def shape(record: npt.NDArray[np.int64] | list[int], i: int) -> list[int] | None
     return [int(v) for v in record[start:start + count]]
 
 
-def load(environ: Any = None) -> tuple[Marks | None, str]:
+def load(environ: Any = None, ring_file: str | None = None) -> tuple[Marks | None, str]:
     """The native marks, unless ``MEMDIAG_MARKS=python`` asks for Python calls, when built for the running
-    TensorFlow; else None. And a word on which marks the rank uses, and why, for its start record."""
+    TensorFlow; else None. And a word on which marks the rank uses, and why, for its start record.
+    ``ring_file``: keep the ring and the timer's samples in that file (:attr:`Marks.ring_file` says
+    whether they are)."""
     environ = os.environ if environ is None else environ
     asked = environ.get(ENV, "native")
     if asked == "python":
@@ -199,12 +218,54 @@ def load(environ: Any = None) -> tuple[Marks | None, str]:
     if built != tf.__version__:
         return None, f"python (native marks built for TensorFlow {built}, running {tf.__version__})"
     try:
-        marks = Marks(LIBRARY)
+        marks = Marks(LIBRARY, ring_file)
     except Exception as exc:  # noqa: BLE001 - any failure to load: Python marks
         return None, f"python (native marks did not load: {type(exc).__name__})"
     if marks.words != RECORD_WORDS:  # built from another version of mark_op.cc, whose records differ
         return None, f"python (native marks built from another mark_op.cc: {BUILD})"
     return marks, "native"
+
+
+# The ring file's layout (memdiag/native/mark_op.cc, struct State): a header, the slots, the samples.
+FILE_MAGIC = b"MDMARKS1"
+FILE_HEAD, FILE_SAMPLE_HEAD, FILE_RING = 64, 128, 256
+
+
+@dataclass
+class RingFile:
+    """What a ring file held when read: its published records in index order (rows as :meth:`Marks.read`
+    returns them), how many were written in all (``head``), and the timer's samples still held, oldest
+    first (times in seconds, the clock of ``time.time()``, and resident pages)."""
+
+    records: npt.NDArray[np.int64]
+    head: int
+    sample_times: list[float]
+    sample_pages: list[int]
+
+
+def read_ring_file(path: str) -> RingFile:
+    """The ring file at ``path`` as its writer left it (no writer may be running: a rank that ended).
+    Needs no TensorFlow. ValueError where the file is not one (another layout, cut short)."""
+    data = np.fromfile(path, dtype=np.uint8)
+    if data.size < FILE_RING or bytes(data[:8]) != FILE_MAGIC:
+        raise ValueError(f"{path}: not a memdiag marks file")
+    words, capacity, sample_capacity, slot_bytes = (int(v) for v in data[8:40].view(np.int64))
+    head = int(data[FILE_HEAD:FILE_HEAD + 8].view(np.uint64)[0])
+    sample_head = int(data[FILE_SAMPLE_HEAD:FILE_SAMPLE_HEAD + 8].view(np.uint64)[0])
+    ring_end = FILE_RING + capacity * slot_bytes
+    if words != RECORD_WORDS or slot_bytes % 8 or slot_bytes < 8 * (words + 1) \
+            or data.size < ring_end + 16 * sample_capacity:
+        raise ValueError(f"{path}: a marks file of another layout")
+    slots = data[FILE_RING:ring_end].view(np.int64).reshape(capacity, slot_bytes // 8)
+    seq, rows = slots[:, 0], slots[:, 1:1 + words]
+    published = (seq > 0) & (seq == 2 * rows[:, 0] + 2)  # written whole (mark_op.cc's sequence)
+    records = rows[published]
+    records = records[np.argsort(records[:, 0], kind="stable")].copy()
+    samples = data[ring_end:ring_end + 16 * sample_capacity].view(np.int64)
+    first = max(0, sample_head - sample_capacity)
+    at = [i % sample_capacity for i in range(first, sample_head)]
+    times, pages = samples[:sample_capacity][at], samples[sample_capacity:][at]
+    return RingFile(records, head, (times / 1e9).tolist(), pages.tolist())
 
 
 def main(argv: list[str]) -> int:

@@ -26,6 +26,8 @@
 #include <ctime>
 #include <fcntl.h>
 #include <pthread.h>
+#include <cstddef>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -50,8 +52,40 @@ struct alignas(64) Slot {
   std::atomic<int64_t> words[kRecordWords];
 };
 
-Slot g_ring[kCapacity];                  // zero-initialised (static storage): touched by memdiag_ring_prefault
-std::atomic<uint64_t> g_head{0};         // index of the next record to be written
+
+constexpr uint64_t kSampleCapacity = 1u << 13;  // 8192 samples: 164 s at 20 ms, far beyond a drain's wait
+static_assert((kSampleCapacity & (kSampleCapacity - 1)) == 0, "capacity must be a power of two");
+
+// Everything a reader needs, in one block: in the library's own memory, or (memdiag_ring_map) in a file
+// mapped shared, so that what a rank killed outright (the OOM killer, kill -9) had marked and sampled
+// outlives it in the page cache and memdiag can make it into records afterwards
+// (memdiag/agent/replay.py). The file's layout (offsets in bytes, native-endian int64 words):
+//   0: magic "MDMARKS1"; 8: record words; 16: ring capacity; 24: sample capacity; 32: a slot's bytes;
+//   64: head (records ever written); 128: sample head (samples ever written);
+//   256: the ring (capacity slots: seq, then the record's words); then sample times (ns), then pages.
+struct alignas(256) Header {
+  char magic[8];
+  int64_t record_words;
+  int64_t capacity;
+  int64_t sample_capacity;
+  int64_t slot_bytes;
+  alignas(64) std::atomic<uint64_t> head;         // index of the next record to be written
+  alignas(64) std::atomic<uint64_t> sample_head;  // samples ever written
+};
+struct State {
+  Header header;
+  Slot ring[kCapacity];
+  int64_t sample_t[kSampleCapacity];
+  int64_t sample_pages[kSampleCapacity];
+};
+static_assert(sizeof(Slot) == 384, "the file's slot size");
+static_assert(offsetof(Header, head) == 64 && offsetof(Header, sample_head) == 128, "the file's header");
+static_assert(offsetof(State, ring) == 256, "the file's ring offset");
+
+State g_own;                             // zero-initialised (static storage): touched by the prefaults
+std::atomic<State*> g_state{&g_own};     // the block in use: g_own, or a mapped file (before any mark)
+
+inline State& S() { return *g_state.load(std::memory_order_acquire); }
 
 thread_local int64_t t_tid = 0;
 
@@ -142,8 +176,9 @@ class MemdiagMarkOp : public OpKernel {
     if (t_tid == 0) t_tid = static_cast<int64_t>(syscall(SYS_gettid));
     const int n_inputs = ctx->num_inputs();
 
-    const uint64_t index = g_head.fetch_add(1, std::memory_order_relaxed);
-    Slot& slot = g_ring[index & (kCapacity - 1)];
+    State& state = S();
+    const uint64_t index = state.header.head.fetch_add(1, std::memory_order_relaxed);
+    Slot& slot = state.ring[index & (kCapacity - 1)];
     slot.seq.store(2 * index + 1, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_release);  // "being written" is seen before the payload
 
@@ -196,16 +231,17 @@ __attribute__((visibility("default"))) int64_t memdiag_ring_record_words() { ret
 // from the start, before the first step, instead of growing with the first marks inside measured steps.
 // Does nothing once a mark has been written. Returns the ring's size in bytes.
 __attribute__((visibility("default"))) int64_t memdiag_ring_prefault() {
-  if (g_head.load(std::memory_order_acquire) != 0) return static_cast<int64_t>(sizeof(g_ring));
-  for (uint64_t i = 0; i < kCapacity; ++i) g_ring[i].seq.store(0, std::memory_order_relaxed);
+  State& state = S();
+  if (state.header.head.load(std::memory_order_acquire) != 0) return static_cast<int64_t>(sizeof(state.ring));
+  for (uint64_t i = 0; i < kCapacity; ++i) state.ring[i].seq.store(0, std::memory_order_relaxed);
   for (uint64_t i = 0; i < kCapacity; ++i)
-    for (int w = 0; w < kRecordWords; ++w) g_ring[i].words[w].store(0, std::memory_order_relaxed);
-  return static_cast<int64_t>(sizeof(g_ring));
+    for (int w = 0; w < kRecordWords; ++w) state.ring[i].words[w].store(0, std::memory_order_relaxed);
+  return static_cast<int64_t>(sizeof(state.ring));
 }
 
 // Index of the next record to be written (= number of records ever written).
 __attribute__((visibility("default"))) int64_t memdiag_ring_head() {
-  return static_cast<int64_t>(g_head.load(std::memory_order_acquire));
+  return static_cast<int64_t>(S().header.head.load(std::memory_order_acquire));
 }
 
 // Copy into dst (room for max records of kRecordWords int64 each) the published records with index >=
@@ -215,12 +251,13 @@ __attribute__((visibility("default"))) int64_t memdiag_ring_head() {
 // got + 1, misses nothing. Returns the number of records copied.
 __attribute__((visibility("default"))) int64_t memdiag_ring_read(int64_t* dst, int64_t max, int64_t since) {
   if (dst == nullptr || max <= 0) return 0;
-  const uint64_t head = g_head.load(std::memory_order_acquire);
+  const State& state = S();
+  const uint64_t head = state.header.head.load(std::memory_order_acquire);
   uint64_t i = since < 0 ? 0 : static_cast<uint64_t>(since);
   if (head > kCapacity && i < head - kCapacity) i = head - kCapacity;
   int64_t n = 0;
   for (; i < head && n < max; ++i) {
-    const Slot& slot = g_ring[i & (kCapacity - 1)];
+    const Slot& slot = state.ring[i & (kCapacity - 1)];
     const uint64_t want = 2 * i + 2;
     uint64_t s1 = slot.seq.load(std::memory_order_acquire);
     if (s1 != want) {
@@ -245,11 +282,6 @@ __attribute__((visibility("default"))) int64_t memdiag_ring_read(int64_t* dst, i
 // reader; the reader drops the samples the writer may have rewritten during its copy.
 namespace {
 
-constexpr uint64_t kSampleCapacity = 1u << 13;  // 8192 samples: 164 s at 20 ms, far beyond a drain's wait
-static_assert((kSampleCapacity & (kSampleCapacity - 1)) == 0, "capacity must be a power of two");
-int64_t g_sample_t[kSampleCapacity];
-int64_t g_sample_pages[kSampleCapacity];
-std::atomic<uint64_t> g_sample_head{0};   // samples ever written
 std::atomic<bool> g_timer_stop{false};
 std::atomic<int64_t> g_timer_cpu_ns{-1};  // the timer thread's CPU time when it ended (-1: not ended)
 pthread_t g_timer_thread;
@@ -278,10 +310,11 @@ void* TimerLoop(void*) {
     const int64_t t_ns = NowNs();
     const int64_t pages = RssPages();
     if (pages < 0) continue;
-    const uint64_t i = g_sample_head.load(std::memory_order_relaxed);
-    g_sample_t[i & (kSampleCapacity - 1)] = t_ns;
-    g_sample_pages[i & (kSampleCapacity - 1)] = pages;
-    g_sample_head.store(i + 1, std::memory_order_release);
+    State& state = S();
+    const uint64_t i = state.header.sample_head.load(std::memory_order_relaxed);
+    state.sample_t[i & (kSampleCapacity - 1)] = t_ns;
+    state.sample_pages[i & (kSampleCapacity - 1)] = pages;
+    state.header.sample_head.store(i + 1, std::memory_order_release);
   }
   struct timespec cpu;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu);
@@ -304,8 +337,9 @@ __attribute__((visibility("default"))) int64_t memdiag_timer_start(int64_t inter
   g_timer_interval_ns = interval_ns < 1000000 ? 1000000 : interval_ns;
   // Write every slot once, so that the ring is resident before the timer starts, not grown by its samples
   // inside measured steps (no reader copies before the first sample is published).
-  if (g_sample_head.load(std::memory_order_acquire) == 0) {
-    for (uint64_t i = 0; i < kSampleCapacity; ++i) g_sample_t[i] = g_sample_pages[i] = 0;
+  State& state = S();
+  if (state.header.sample_head.load(std::memory_order_acquire) == 0) {
+    for (uint64_t i = 0; i < kSampleCapacity; ++i) state.sample_t[i] = state.sample_pages[i] = 0;
   }
   g_timer_stop.store(false, std::memory_order_release);
   g_timer_cpu_ns.store(-1, std::memory_order_release);
@@ -326,7 +360,7 @@ __attribute__((visibility("default"))) int64_t memdiag_timer_stop() {
 
 // Samples written so far (the index of the next one).
 __attribute__((visibility("default"))) int64_t memdiag_timer_head() {
-  return static_cast<int64_t>(g_sample_head.load(std::memory_order_acquire));
+  return static_cast<int64_t>(S().header.sample_head.load(std::memory_order_acquire));
 }
 
 // Copy the samples with index >= since into t_ns and pages (room for max each), oldest first, from the
@@ -336,20 +370,21 @@ __attribute__((visibility("default"))) int64_t memdiag_timer_head() {
 __attribute__((visibility("default"))) int64_t memdiag_timer_read(int64_t* t_ns, int64_t* pages, int64_t max,
                                                                  int64_t since, int64_t* first) {
   if (t_ns == nullptr || pages == nullptr || first == nullptr || max <= 0) return 0;
-  const uint64_t head = g_sample_head.load(std::memory_order_acquire);
+  const State& state = S();
+  const uint64_t head = state.header.sample_head.load(std::memory_order_acquire);
   uint64_t i = since < 0 ? 0 : static_cast<uint64_t>(since);
   if (head > kSampleCapacity && i < head - kSampleCapacity) i = head - kSampleCapacity;
   if (head > i && head - i > static_cast<uint64_t>(max)) i = head - static_cast<uint64_t>(max);
   const uint64_t start = i;
   int64_t n = 0;
   for (; i < head; ++i, ++n) {
-    t_ns[n] = g_sample_t[i & (kSampleCapacity - 1)];
-    pages[n] = g_sample_pages[i & (kSampleCapacity - 1)];
+    t_ns[n] = state.sample_t[i & (kSampleCapacity - 1)];
+    pages[n] = state.sample_pages[i & (kSampleCapacity - 1)];
   }
   std::atomic_thread_fence(std::memory_order_acquire);
   // Where the writer has come within a lap of the copy's start meanwhile, the oldest slots copied may have
   // been rewritten (index now is being written into the slot of now - capacity): those are dropped.
-  const uint64_t now = g_sample_head.load(std::memory_order_acquire);
+  const uint64_t now = state.header.sample_head.load(std::memory_order_acquire);
   uint64_t skip = 0;
   if (now + 1 > kSampleCapacity + start) skip = now + 1 - kSampleCapacity - start;
   if (skip >= static_cast<uint64_t>(n)) {
@@ -362,6 +397,38 @@ __attribute__((visibility("default"))) int64_t memdiag_timer_read(int64_t* t_ns,
   }
   *first = static_cast<int64_t>(start + skip);
   return n - static_cast<int64_t>(skip);
+}
+
+}  // extern "C"
+
+extern "C" {
+
+// Move the ring and the timer's samples into the file at path (created, or emptied, and sized), mapped
+// shared: they outlive this process in the page cache (the layout above). Only before the first mark
+// and the timer's start, so that no record or sample is in the library's own block. Returns 0; -1 when
+// marks or samples exist already; -2 when the file could not be made; -3 when it could not be mapped.
+__attribute__((visibility("default"))) int64_t memdiag_ring_map(const char* path) {
+  if (path == nullptr || g_timer_running || g_state.load(std::memory_order_acquire) != &g_own ||
+      g_own.header.head.load(std::memory_order_acquire) != 0 ||
+      g_own.header.sample_head.load(std::memory_order_acquire) != 0)
+    return -1;
+  const int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return -2;
+  if (ftruncate(fd, static_cast<off_t>(sizeof(State))) != 0) {
+    close(fd);
+    return -2;
+  }
+  void* at = mmap(nullptr, sizeof(State), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);  // the mapping keeps the file
+  if (at == MAP_FAILED) return -3;
+  State* state = static_cast<State*>(at);  // zero-filled by ftruncate: no record, no sample
+  std::memcpy(state->header.magic, "MDMARKS1", 8);
+  state->header.record_words = kRecordWords;
+  state->header.capacity = static_cast<int64_t>(kCapacity);
+  state->header.sample_capacity = static_cast<int64_t>(kSampleCapacity);
+  state->header.slot_bytes = static_cast<int64_t>(sizeof(Slot));
+  g_state.store(state, std::memory_order_release);
+  return 0;
 }
 
 }  // extern "C"
