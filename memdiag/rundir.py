@@ -3,8 +3,10 @@
 Three kinds of directory, each named by the file that makes it what it is:
 
 - a run (``run.json``): one ``memdiag run``; ranks write ``rank-K.jsonl`` (records, docs/reference/records.md),
-  ``rank-K.memray.bin`` with ``--memray``; rank 0 writes ``params.npz`` and, with a timeline,
-  ``horovod-timeline.json``; the launcher writes ``mpirun.log`` and, at the end, ``summary.json``;
+  ``rank-K.memray.bin`` with ``--memray``, and while a script's rank runs, ``rank-K.marks.bin`` and
+  ``rank-K.marks.keys`` (deleted when it ends; replayed into its records when it was killed outright);
+  rank 0 writes ``params.npz`` and, with a timeline, ``horovod-timeline.json``; the launcher writes
+  ``mpirun.log`` and, at the end, ``summary.json``;
 - a comparison (``compare.json``): one run directory per mode, rank count and repeat
   (:func:`compare_run_name`; MultiWorkerMirroredStrategy's runs prefixed ``tfd-``), plus the verification
   runs ``verify-nN`` and ``tfd-verify-nN`` (:func:`verify_run_name`) and, where a parameter check
@@ -50,6 +52,16 @@ RUN, COMPARISON, SCALE = "run", "comparison", "scale"
 
 def rank_file(rank: int) -> str:
     return f"rank-{rank}.jsonl"
+
+
+def marks_file(rank: int) -> str:
+    """A script's rank's native marks and samples, kept in a file while it runs (memdiag.agent.replay)."""
+    return f"rank-{rank}.marks.bin"
+
+
+def keys_file(rank: int) -> str:
+    """What each of those marks' keys stands for (memdiag.agent.replay)."""
+    return f"rank-{rank}.marks.keys"
 
 
 def memray_file(rank: int) -> str:

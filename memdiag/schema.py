@@ -39,6 +39,9 @@ class StartRecord(_Record, total=False):
     marks: str  # how collectives inside graphs are marked: native, or python (and why not native)
     # --record-every: native marks turned into records every this many seconds (0 or absent: every step)
     record_every_s: float
+    # a script's native marks kept in rank-K.marks.bin until they are records, so that a rank killed outright
+    # still gets every step before the one it was in (memdiag.agent.replay); absent: false
+    marks_file: bool
     # who reads RSS every --sample-ms: python (the sampling thread) or native (the marks library's thread,
     # under --record-every without --mem-limit); absent: python
     sampling: str
@@ -273,6 +276,18 @@ class OwnWorkRecord(_Record, total=False):
     rss_after_bytes: int
 
 
+class ReplayedRecord(_Record, total=False):
+    """Written after the run, for a rank killed outright (no end record), by memdiag's replay of the marks
+    it left in its file (memdiag.agent.replay): the steps those marks completed, written just before it."""
+
+    source: str  # the file: rank-K.marks.bin
+    from_t: float  # the end of the last step the rank wrote itself (0: none); the marks replayed are later
+    steps: list[int] | None  # the first and last step replayed (None: none, see error)
+    marks: int  # marks replayed
+    samples: int  # the native timer's samples replayed
+    error: str  # why nothing was replayed (a file that could not be read, a ring written over)
+
+
 class BookkeepingRecord(_Record, total=False):
     step: int
     what: str  # what memdiag could not do (label an allreduce, save the final parameters, ...)
@@ -282,14 +297,14 @@ class BookkeepingRecord(_Record, total=False):
 # Every record type a rank writes; those with a class above have their fields declared there.
 RECORD_TYPES = ("start", "choices", "collective", "collective_calls", "policy", "params_initial", "params_final",
                 "mem", "step", "distinct_rows", "reduction_check", "waiting", "killed", "own_work", "bookkeeping",
-                "terminated", "end")
+                "terminated", "end", "replayed")
 RECORD_CLASSES: dict[str, type] = {
     "start": StartRecord, "step": StepRecord, "mem": MemRecord, "collective": CollectiveRecord,
     "collective_calls": CollectiveCallsRecord, "policy": PolicyRecord, "distinct_rows": DistinctRowsRecord,
     "reduction_check": ReductionCheckRecord, "waiting": WaitingRecord, "killed": KilledRecord,
     "own_work": OwnWorkRecord, "bookkeeping": BookkeepingRecord, "end": EndRecord,
     "choices": ChoicesRecord, "params_initial": ParamsInitialRecord, "params_final": ParamsFinalRecord,
-    "terminated": TerminatedRecord,
+    "terminated": TerminatedRecord, "replayed": ReplayedRecord,
 }
 # Record types whose fields are open: any a script passed (the rest have every field declared above).
 OPEN_RECORD_TYPES = frozenset({"choices"})
@@ -391,6 +406,9 @@ class RankSummary(TypedDict, total=False):
     sampler_cpu_s: float | None  # memdiag's sampling thread's CPU seconds (the end record's)
     agent_wall_s: float | None  # from the rank's start record to its end record
     record_every_s: float  # --record-every: native marks made records every this many seconds (0: every step)
+    marks_file: bool  # its native marks kept in a file until they were records (the start record's)
+    # killed outright: the steps made from the marks it left in that file, first and last (None: none)
+    replayed_steps: list[int] | None
 
 
 class CollectiveSummary(TypedDict):

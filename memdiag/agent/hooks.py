@@ -27,7 +27,6 @@ import collections
 import contextlib
 import functools
 import inspect
-import math
 import os
 import sys
 import threading
@@ -42,7 +41,7 @@ import tensorflow as tf
 from tensorflow.python.framework.func_graph import FuncGraph
 
 from memdiag import graphcalls, optimizer_input
-from memdiag.agent import parameters
+from memdiag.agent import parameters, replay
 from memdiag.agent.parameters import ParameterCapture
 from memdiag.agreement import AgreementError
 from memdiag.densify import DensifyPolicy, distinct_rows, process_set_size
@@ -118,16 +117,20 @@ class CollectiveHooks:
         # (BEGIN: op, meta, world size; END: op, meta), and the drain's guard against re-entry.
         self.native: Any = None
         self._marked: list[tuple[str, dict[str, Any], int]] = []
+        self._keys: replay.KeysFile | None = None
         self._drain_lock = threading.Lock()
         self._draining = threading.local()
         self.record_every_s = 0.0  # --record-every: the sampler thread drains at most this often (drain_when_due)
         self._last_drain = time.monotonic()
 
-    def use_native(self, marks: Any, record_every_s: float = 0.0) -> None:
+    def use_native(self, marks: Any, record_every_s: float = 0.0, keys: replay.KeysFile | None = None) -> None:
         """Mark collectives inside graphs with the native op of ``marks``; the tracer and the sampler
-        drain its records (:meth:`drain`), the sampler every ``record_every_s`` (:meth:`drain_when_due`)."""
+        drain its records (:meth:`drain`), the sampler every ``record_every_s`` (:meth:`drain_when_due`).
+        ``keys``: where each mark's key is written as it is made, for a replay of the marks' file
+        (memdiag.agent.replay)."""
         self.native = marks
         self.record_every_s = record_every_s
+        self._keys = keys
         self.tracer.drain = self.drain
         self.tracer.sampler.before_sample = self.drain_when_due
 
@@ -169,22 +172,7 @@ class CollectiveHooks:
             self._draining.on = False
 
     def _dispatch(self, records: Any) -> None:
-        from memdiag.nativemarks import BEGIN, RSS, shape
-
-        records = records[np.argsort(records[:, 4], kind="stable")]
-        # The RSS each mark read where the graph reached it: samples at the phases' edges, put among
-        # the sampler's before any record can end a step (a step's samples are cut by time).
-        read = records[:, RSS] >= 0
-        self.tracer.sampler.add_marks((records[read, 4] / 1e9).tolist(), records[read, RSS].tolist())
-        # as Python ints, converted at once (reading numpy scalars one by one costs more than the rest)
-        for record in records.tolist():
-            op, meta, extra = self._marked[record[1]]
-            t = record[4] / 1e9
-            if record[2] == BEGIN:
-                expected = _expected_bytes(op, meta, shape(record, 0) or [], extra)
-                self.tracer.begin_collective(meta, expected, in_graph=True, t=t)
-            else:
-                self.tracer.collective(meta, shape(record, 0) or [], shape(record, 1) or [], t=t)
+        replay.dispatch(self.tracer, self._marked, records)
 
     # -- installation -------------------------------------------------------------------------
     def install(self) -> None:
@@ -805,7 +793,7 @@ class CollectiveHooks:
             try:
                 for meta, shape_in in zip(metas, shapes):
                     shape = [int(d) for d in np.asarray(shape_in)]
-                    self.tracer.begin_collective(meta, _expected_bytes(op, meta, shape, world_size), in_graph=in_graph)
+                    self.tracer.begin_collective(meta, replay.expected_bytes(op, meta, shape, world_size), in_graph=in_graph)
             except Exception as exc:  # noqa: BLE001 - runs inside the job's step: never raises into it
                 self._failed(f"mark an {op}'s start", exc)
             return []
@@ -826,7 +814,10 @@ class CollectiveHooks:
         """The key of a new native mark: what its records are read back as (:meth:`_dispatch`)."""
         with self._lock:
             self._marked.append((op, meta, world_size))
-            return len(self._marked) - 1
+            key = len(self._marked) - 1
+            if self._keys is not None:
+                self._keys.add(key, op, meta, world_size)
+            return key
 
     def _native_fits(self, tensors: Any) -> bool:
         """Whether native marks are on and every tensor's shape fits a native record (a known rank of
@@ -943,13 +934,6 @@ def reduction_order(grads: list[Any], variables: list[Any] | None, groups: Any) 
             if index is not None:
                 order.append(index)
     return order + list(by_name.values())
-
-
-def _expected_bytes(op: str, meta: dict[str, Any], shape: list[int], world_size: int) -> int:
-    """What a collective starting on a tensor of ``shape`` will receive: an allgather every rank's of
-    its process set (or of the job), any other op its own size."""
-    ranks = meta["process_set_size"] or world_size
-    return math.prod(shape) * meta["itemsize"] * (ranks if op == "allgather" else 1)
 
 
 def _after(output: Any, op: Any) -> Any:

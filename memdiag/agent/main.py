@@ -29,7 +29,7 @@ from typing import Any
 
 from memdiag import agreement, rundir
 from memdiag.agent import delivery as _delivery
-from memdiag.agent import launcher_env
+from memdiag.agent import launcher_env, replay
 from memdiag.agent.records import RecordWriter
 from memdiag.agent.sampler import MemorySampler, read_hwm
 from memdiag.agent.tracer import Tracer
@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     tracer: Tracer | None = None
     _end_on_termination(writer, lambda: tracer, lambda: delivery)
     hooks: Any = None
+    marks_files: tuple[str, int] | None = None  # the marks' file and its keys, while this rank keeps them
     try:
         delivery = _delivery.start(config, rank, spool)
         if tf_config is not None and tf_config.get("error"):
@@ -100,10 +101,18 @@ def main(argv: list[str] | None = None) -> int:
 
             from memdiag import nativemarks
 
-            marks, marks_used = nativemarks.load()
+            # A script's marks are kept in a file until they are drained, so that a rank killed outright loses
+            # at most the step it was in however seldom they are drained (memdiag.agent.replay); only where the
+            # launcher reads the run directory when the run ends (not --spool local's node-local folder).
+            keep = config.is_script and config.spool == "shared"
+            marks, marks_used = nativemarks.load(ring_file=os.path.join(spool, rundir.marks_file(rank)) if keep else None)
             sampling = "python"
             if marks is not None:
-                hooks.use_native(marks, config.record_every_s)
+                keys = None
+                if marks.ring_file is not None:
+                    marks_files = (spool, rank)
+                    keys = replay.KeysFile(os.path.join(spool, rundir.keys_file(rank)))
+                hooks.use_native(marks, config.record_every_s, keys)
                 # --record-every: RSS read every interval by the marks library's own thread, and this
                 # process's Python thread woken only to drain; not under --mem-limit, whose watchdog needs
                 # every sample as it is taken
@@ -114,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
                 if hvd.rank() != rank:
                     raise RuntimeError(f"Horovod rank {hvd.rank()} differs from MPI rank {rank}")
                 writer.write_now(_start_record(config, hvd, marks_used, sampling,
-                                               config.record_every_s if marks is not None else 0.0))
+                                               config.record_every_s if marks is not None else 0.0,
+                                               marks is not None and marks.ring_file is not None))
 
             hooks.install()
             if not config.is_script:
@@ -156,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         end["bookkeeping_failures"] = hooks.failure_counts()
     writer.write_now(end)
     writer.close()
+    if marks_files is not None:  # every mark is in the records now: nothing to replay
+        replay.remove_files(*marks_files)
     _deliver(delivery, status)
     if strategy and exit_code:
         _abort(exit_code)
@@ -500,7 +512,7 @@ def _mpi_version() -> str | None:
 
 
 def _start_record(config: AgentConfig, hvd: Any, marks: str = "python", sampling: str = "python",
-                  record_every_s: float = 0.0) -> dict[str, Any]:
+                  record_every_s: float = 0.0, marks_file: bool = False) -> dict[str, Any]:
     import horovod
     import tensorflow as tf
 
@@ -523,6 +535,7 @@ def _start_record(config: AgentConfig, hvd: Any, marks: str = "python", sampling
         "marks": marks,
         "sampling": sampling,
         "record_every_s": record_every_s,
+        "marks_file": marks_file,
     }
 
 

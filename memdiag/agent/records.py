@@ -47,6 +47,11 @@ class RecordWriter:
         self.add(record)
         self.flush()
 
+    def discard(self) -> None:
+        """Drop the records queued since the last flush (a replay's step that never ended)."""
+        with self._lock:
+            self._pending = []
+
     def flush(self) -> None:
         for hook in self.before_flush:
             hook()

@@ -65,6 +65,7 @@ class Tracer:
         rank: int,
         auto_steps: bool,
         max_steps: int | None = None,
+        hwm: HighWaterMark | None = None,
     ) -> None:
         self.writer = writer
         self.sampler = sampler
@@ -77,7 +78,7 @@ class Tracer:
         # later step's figures begin with the step.
         self._in_step = True
         self._spans: list[_Span] = []  # the current step's figures before memdiag's own work cut them
-        self.hwm = HighWaterMark()
+        self.hwm = HighWaterMark() if hwm is None else hwm  # another: a replay's (memdiag.agent.replay)
         self._lock = threading.RLock()
         self._anchor: tuple[Any, ...] | None = None
         self._anchor_is_gradient = False

@@ -89,6 +89,8 @@ def rank_summary(records: RankRecords, live: dict[int, int] | None = None) -> Ra
         "agent_wall_s": _agent_wall(records),
         # --record-every (0: every step): how much of its records a rank killed outright may have lost
         "record_every_s": float(records.start.get("record_every_s") or 0.0) if records.start else 0.0,
+        "marks_file": bool(records.start.get("marks_file")) if records.start else False,
+        "replayed_steps": next((r.get("steps") for r in records.other if r.get("type") == "replayed"), None),
     }
 
 

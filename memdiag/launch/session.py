@@ -14,6 +14,7 @@ from typing import Any
 
 from memdiag import __version__, agreement, ports, rundir
 from memdiag._errors import UserError
+from memdiag.agent import replay
 from memdiag.agentconfig import ENGINES, HOROVOD, TF_DISTRIBUTE, TF_DISTRIBUTE_MODES, TF_DISTRIBUTE_WORKLOADS, AgentConfig
 from memdiag.collect import RankRecords, Run, load_run
 from memdiag.launch import mpirun
@@ -185,7 +186,7 @@ def agent_config(request: RunRequest, run_id: str, run_dir: str) -> AgentConfig:
         max_warmup=options.max_warmup,
         engine=request.engine,
         agree_until=agreement.run_deadline(options.timeout_s),
-        record_every_s=options.record_every_s,
+        record_every_s=options.record_every_s or 0.0,
     )
 
 
@@ -372,8 +373,10 @@ def conclude(out: str, manifest: dict[str, Any], *, returncode: int | None, time
     whose launcher is gone: SIGKILL, a lost node); the status says so and where each rank stopped.
     A rank that ended without an end record is named with the step it stopped at.
     """
-    run = load_run(out)
     world_size = int(manifest.get("world_size") or 0)
+    # The marks a script's rank killed outright left in its file: the steps they complete, into its records.
+    replay.recover(out, range(world_size))
+    run = load_run(out)
     versions = next((r.start.get("versions") for r in run.ranks.values() if r.start), None)
     from memdiag.analyze.summary import rank_status
 

@@ -179,9 +179,9 @@ def footer(summary: RunSummary) -> Text:
             last_line = error.strip().splitlines()[-1].strip()
             when = "before its first step" if r["last_step"] is None else f"after step {r['last_step']}"
             text.append(f"rank {r['rank']} failed {when}: {last_line}\n", style="red")
-    own = sampler_cost_line(summary)
-    if own:
-        text.append(own + "\n", style="dim")
+    for own in (sampler_cost_line(summary), replayed_line(summary)):
+        if own:
+            text.append(own + "\n", style="dim")
     for warning in summary.get("warnings", []):
         text.append(f"warning: {warning}\n", style="yellow")
     return text
@@ -199,9 +199,20 @@ def sampler_cost_line(summary: RunSummary) -> str | None:
             f"({100 * share:.1f}% of a core over its {wall:.1f} s; --sample-ms sets how often it wakes)")
     every = max((r.get("record_every_s") or 0.0 for r in summary["ranks"]), default=0.0)
     if every:
-        line += (f"; marks made records every {every:g} s (--record-every), so a rank killed outright could lose up "
-                 f"to {every:g} s of records")
+        line += f"; marks made records every {every:g} s (--record-every)"
+        if not all(r.get("marks_file") for r in summary["ranks"] if r.get("record_every_s")):
+            line += f", so a rank killed outright could lose up to {every:g} s of records"
     return line
+
+
+def replayed_line(summary: RunSummary) -> str | None:
+    """The steps of ranks killed outright that memdiag made from the marks they left (None: none)."""
+    replayed = [f"rank {r['rank']} steps {steps[0]}-{steps[1]}" for r in summary["ranks"]
+                if isinstance(steps := r.get("replayed_steps"), list) and len(steps) == 2]
+    if not replayed:
+        return None
+    return (f"made from the marks left by ranks killed outright: {', '.join(replayed)} (sampled peaks: "
+            "no high-water mark of their own)")
 
 
 # What the live collective figure assumes (memdiag.analyze.summary._LiveStep): it is not a measurement.

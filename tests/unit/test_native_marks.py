@@ -166,7 +166,7 @@ def test_the_op_is_the_default_where_built_for_the_running_tensorflow(tmp_path, 
     class TheOp:
         words = 7 + 4 * (1 + 8)  # mark_op.cc's record: a header of 7 words, 4 inputs' counts and 8 values
 
-        def __init__(self, library):
+        def __init__(self, library, ring_file=None):
             loaded.append(library)
 
     monkeypatch.setattr(nativemarks, "Marks", TheOp)
@@ -191,7 +191,7 @@ def test_the_op_is_the_default_where_built_for_the_running_tensorflow(tmp_path, 
     monkeypatch.setattr(nativemarks, "BUILT_FOR", built)
     built.write_text(json.dumps({"tensorflow": tf.__version__}))
 
-    def broken(library):
+    def broken(library, ring_file=None):
         raise OSError("undefined symbol")
 
     monkeypatch.setattr(nativemarks, "Marks", broken)

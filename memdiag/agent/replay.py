@@ -1,0 +1,290 @@
+"""Native marks made into records: while the rank runs (its drain), and after it was killed outright.
+
+A mark (memdiag.nativemarks) is a fixed-size record in a ring: which key, begin or end, when, the
+shapes, the resident pages. The key stands for a collective's op and fields, known when the graph was
+traced. :func:`dispatch` hands a batch of marks to the rank's tracer in time order; the tracer ends
+steps and writes their records.
+
+Drained in batches (``memdiag run --record-every S``, by default once a second), the steps since the
+last drain exist only as marks when a rank is killed outright (the kernel's OOM killer, ``kill -9``):
+no handler runs. So a script's rank keeps its ring and the timer's samples in a file mapped shared
+(``rank-K.marks.bin``, which outlives the process in the page cache) and writes each key as it is
+made (``rank-K.marks.keys``, a JSON object a line). A rank that ends, however it ends while it still
+runs (success, an error, SIGTERM), drains and deletes both. Where they are still there when the run
+ends, :func:`recover` replays the marks after the rank's last written step through a tracer of its
+own and appends the steps they complete to the rank's records. The step the rank was in is not
+complete and stays unwritten: a killed rank loses at most that step, as when every step was drained.
+
+What a replayed step lacks: the kernel's high-water mark of its window (its peak is the sampled one,
+``exact_peak`` false) and what the rank's own hooks add at a step's end. Collective records that the
+rank's once-a-second flush wrote already are not written twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+from memdiag import rundir
+from memdiag.agent.sampler import HighWaterMark, MemorySampler
+from memdiag.nativemarks import BEGIN, RSS, read_ring_file, shape
+
+
+def expected_bytes(op: str, meta: dict[str, Any], shape: list[int], world_size: int) -> int:
+    """What a collective starting on a tensor of ``shape`` will receive: an allgather every rank's of
+    its process set (or of the job), any other op its own size."""
+    ranks = meta["process_set_size"] or world_size
+    return int(math.prod(shape) * meta["itemsize"] * (ranks if op == "allgather" else 1))
+
+
+def dispatch(tracer: Any, marked: list[tuple[str, dict[str, Any], int]], records: Any) -> None:
+    """Hand ``tracer`` the marks ``records`` (rows of memdiag.nativemarks.Marks.read) in the order of their
+    times, each with its time; ``marked``: what each key stands for (op, fields, the world size for a
+    begin)."""
+    records = records[np.argsort(records[:, 4], kind="stable")]
+    # The RSS each mark read where the graph reached it: samples at the phases' edges, put among
+    # the sampler's before any record can end a step (a step's samples are cut by time).
+    read = records[:, RSS] >= 0
+    tracer.sampler.add_marks((records[read, 4] / 1e9).tolist(), records[read, RSS].tolist())
+    # as Python ints, converted at once (reading numpy scalars one by one costs more than the rest)
+    for record in records.tolist():
+        op, meta, extra = marked[record[1]]
+        t = record[4] / 1e9
+        if record[2] == BEGIN:
+            tracer.begin_collective(meta, expected_bytes(op, meta, shape(record, 0) or [], extra), in_graph=True, t=t)
+        else:
+            tracer.collective(meta, shape(record, 0) or [], shape(record, 1) or [], t=t)
+
+
+class KeysFile:
+    """``rank-K.marks.keys``: what each native mark's key stands for, a line per key, written when the
+    key is made."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - open for the rank's life
+
+    def add(self, key: int, op: str, meta: dict[str, Any], extra: int) -> None:
+        line = json.dumps({"key": key, "op": op, "meta": meta, "extra": extra}, separators=(",", ":"), default=str)
+        with self._lock:
+            self._file.write(line + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+def read_keys(path: str) -> list[tuple[str, dict[str, Any], int]]:
+    """The keys of ``path`` in key order (a line cut short by the kill ends the list)."""
+    marked: list[tuple[str, dict[str, Any], int]] = []
+    with open(path, encoding="utf-8") as file:
+        for line in file:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                break
+            if entry.get("key") != len(marked):
+                break
+            marked.append((entry["op"], entry["meta"], int(entry["extra"])))
+    return marked
+
+
+def remove_files(spool: str, rank: int) -> None:
+    for name in (rundir.marks_file(rank), rundir.keys_file(rank)):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(spool, name))
+
+
+def recover(run_dir: str, ranks: range) -> dict[int, dict[str, Any]]:
+    """Replay the marks files the ranks of ``ranks`` left in ``run_dir`` (ranks killed outright) into
+    their records, and delete the files. Returns each replayed rank's ``replayed`` record."""
+    done: dict[int, dict[str, Any]] = {}
+    for rank in ranks:
+        marks = os.path.join(run_dir, rundir.marks_file(rank))
+        if not os.path.exists(marks):
+            continue
+        try:
+            record = _replay(run_dir, rank, marks)
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+            record = _write_replayed(run_dir, rank, {"error": f"{type(exc).__name__}: {exc}"})
+        if record is not None:
+            done[rank] = record
+        remove_files(run_dir, rank)
+    return done
+
+
+def _write_replayed(run_dir: str, rank: int, fields: dict[str, Any]) -> dict[str, Any]:
+    from memdiag.agent.records import RecordWriter
+
+    writer = RecordWriter(os.path.join(run_dir, rundir.rank_file(rank)), rank)
+    record = {"type": "replayed", "source": rundir.marks_file(rank), **fields}
+    writer.write_now(record)
+    writer.close()
+    return record
+
+
+class _Known:
+    """What the rank's records say of where it was: its last step and that step's end, whether it ended,
+    its run peak, whether its steps are stepped by gradient reductions, the latest collective written."""
+
+    def __init__(self, path: str) -> None:
+        self.start: dict[str, Any] | None = None
+        self.ended = False
+        self.last_step: int | None = None
+        self.last_end: float | None = None
+        self.hwm = 0
+        self.gradient = False
+        self.written_until = -math.inf
+        with open(path, "rb") as file:
+            for line in file:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue  # a line cut short by the kill
+                if isinstance(record, dict):
+                    self._read(record)
+
+    def _read(self, record: dict[str, Any]) -> None:
+        kind = record.get("type")
+        if kind == "start":
+            self.start = record
+        elif kind == "end":
+            self.ended = True
+        elif kind == "step" and isinstance(record.get("step"), int):
+            if self.last_step is None or record["step"] >= self.last_step:
+                self.last_step, self.last_end = record["step"], float(record["t_end"])
+            self.hwm = max(self.hwm, int(record.get("hwm_bytes") or 0))
+        elif kind == "collective":
+            self.gradient = self.gradient or bool(record.get("gradient"))
+            self.written_until = max(self.written_until, float(record.get("t", -math.inf)))
+        elif kind == "collective_calls" and record.get("us"):
+            self.written_until = max(self.written_until, float(record["t0"]) + max(record["us"]) / 1e6)
+
+
+def _replay(run_dir: str, rank: int, marks_path: str) -> dict[str, Any] | None:
+    from memdiag.agent.records import RecordWriter
+    from memdiag.agent.tracer import Tracer
+
+    rank_path = os.path.join(run_dir, rundir.rank_file(rank))
+    keys_path = os.path.join(run_dir, rundir.keys_file(rank))
+    if not os.path.exists(rank_path) or not os.path.exists(keys_path):
+        return None
+    known = _Known(rank_path)
+    if known.ended or known.start is None:
+        return None  # it ended, and drained everything first; or it never started measuring
+    ring = read_ring_file(marks_path)
+    marked = read_keys(keys_path)
+    # after the last written step; or, where none was, everything the file holds (the set-up step began
+    # before the start record, when the rank's tracer was made)
+    since = known.last_end if known.last_end is not None else 0.0
+    times = ring.records[:, 4] / 1e9
+    records_at = (times >= since) & (ring.records[:, 1] < len(marked))
+    records = ring.records[records_at]
+    overwritten = ring.head - len(ring.records)
+    if not len(records):
+        return None
+    if overwritten and (not len(ring.records) or ring.records[0, 4] / 1e9 > since):
+        # marks after the last written step were written over (more than the ring holds): the steps they
+        # began cannot be told apart
+        return _write_replayed(run_dir, rank, {"from_t": since, "steps": None, "marks": 0,
+                                               "error": "the ring was written over past the last written step"})
+
+    writer = RecordWriter(rank_path, rank)
+    sampler = _ReplaySampler(since)
+    tracer = Tracer(writer, sampler, rank, auto_steps=True, hwm=_NoHighWaterMark(known.hwm, sampler))
+    tracer._collective_records = _FullRecords(writer, known.written_until)  # type: ignore[assignment]
+    if known.last_step is not None:
+        # as the rank left it when it wrote that step: the next one begun at its end, stepped by the
+        # collectives of the anchor's kind (the mark that began it comes first, at that very time)
+        tracer.step = known.last_step + 1
+        tracer._step_start = since
+        tracer._anchor, tracer._anchor_is_gradient = ("replayed",), known.gradient
+        tracer._started = set()
+    samples = [(t, p) for t, p in zip(ring.sample_times, ring.sample_pages) if t > since]
+    if known.last_step is None:
+        tracer._step_start = min([float(times[records_at].min()), *(t for t, _ in samples[:1])])
+    sampler.add_samples([t for t, _ in samples], [p for _, p in samples])
+    first = tracer.step
+    dispatch(tracer, marked, records)
+    writer.discard()  # the step the rank was in: not complete, not written (as the rank would not have)
+    last = tracer.step - 1
+    if last < first:
+        writer.close()
+        return None  # no step ended after the last one written: the rank lost only the step it was in
+    fields = {"from_t": since, "steps": [first, last], "marks": len(records), "samples": len(samples)}
+    writer.write_now({"type": "replayed", "source": rundir.marks_file(rank), **fields})
+    writer.close()
+    return {"type": "replayed", **fields}
+
+
+class _ReplaySampler(MemorySampler):
+    """The series a replay's tracer reads: the timer's samples and the marks' RSS from the file, never
+    this process's memory. Its thread is never started."""
+
+    def __init__(self, since: float) -> None:
+        super().__init__()
+        self._since = since
+        self.highest = 0  # the largest sample replayed
+
+    def sample(self) -> int:
+        return self._rss[-1] if self._rss else 0
+
+    def _insert(self, t: float, value: int, at: int | None = None) -> None:
+        self.highest = max(self.highest, value)
+        super()._insert(t, value, at)
+
+    def add_samples(self, times: list[float], pages: list[int]) -> None:
+        self._add_late(times, pages, self._insert)
+
+    def pull_timer(self) -> None:
+        pass
+
+    def restart_peak(self) -> None:  # the tracer begins a replayed step only at a mark's time
+        pass
+
+    def mark_now(self) -> None:  # every replayed mark has its time
+        pass
+
+
+class _NoHighWaterMark(HighWaterMark):
+    """No window's exact peak (the rank's kernel mark died with it); the run peak as the records and the
+    replayed steps' sampled peaks give it. Reads and resets nothing of this process."""
+
+    def __init__(self, known: int, sampler: _ReplaySampler) -> None:
+        self.resettable = False
+        self._known = known
+        self._sampler = sampler
+
+    def start(self) -> None:
+        pass
+
+    def peak(self) -> None:
+        return None
+
+    def run_peak(self, read: bool = True) -> int:
+        return max(self._known, self._sampler.highest)
+
+
+class _FullRecords:
+    """Every replayed collective as a full record, with no kind number (the rank's numbers are its own),
+    and none the rank's records hold already (written at its once-a-second flush)."""
+
+    def __init__(self, writer: Any, written_until: float) -> None:
+        self.writer = writer
+        self.written_until = written_until
+
+    def add(self, record: dict[str, Any], key: Any = None) -> Any:
+        if record.get("t", math.inf) > self.written_until + 1e-6:
+            self.writer.add(record)
+        return key if key is not None else object()
+
+    def add_call(self, key: Any, step: int, t: float | None, shape_in: Any, shape_out: Any) -> None:
+        return None
