@@ -8,9 +8,10 @@ about 50 ms a step on 2 ranks of 2 cores when the machine is idle), run as writt
     memdiag: memdiag run probes/short_step_script.py -n N -- --steps S --phases
 
 and with memdiag's marks through Python (``memdiag-python``: ``MEMDIAG_MARKS=python``; ``memdiag`` is the
-default, the native op, sampling every 20 ms) or sampling every 5 ms (``memdiag-sample5``: ``--sample-ms 5``,
-the default before every collective's edges were sampled) or making the marks records once a second
-(``memdiag-record1``: ``--record-every 1``, the native timer sampling), for each S
+default: the native op, its marks made records once a second, the native timer sampling every 20 ms) or
+sampling every 5 ms (``memdiag-sample5``: ``--sample-ms 5``, the default before every collective's edges
+were sampled) or making the marks records at every step (``memdiag-every-step``: ``--record-every 0``, the
+Python thread sampling: the default before the marks were kept in a file), for each S
 in --steps (default 1, 30, 150), the variants interleaved (their order rotates) and repeated. Printed per
 run: wall time, CPU time of every process of the run (RUSAGE_CHILDREN), and the phases, from rank 0's own
 clock and memdiag's run.json and records:
@@ -79,7 +80,7 @@ def run_once(variant: str, ranks: int, steps: int, tmp: str, tag: str, hidden: i
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks),
                sys.executable, SCRIPT, *script_args]
     else:
-        sampling = {"memdiag-sample5": ["--sample-ms", "5"], "memdiag-record1": ["--record-every", "1"]}.get(variant, [])
+        sampling = {"memdiag-sample5": ["--sample-ms", "5"], "memdiag-every-step": ["--record-every", "0"]}.get(variant, [])
         cmd = [_memdiag(), "run", SCRIPT, "-n", str(ranks), "--out", out, *sampling, "--", *script_args]
     cpu0, t0 = _children_cpu(), time.time()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, stdin=subprocess.DEVNULL)
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, nargs="+", default=[1, 30, 150])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--variants", nargs="+", default=["plain", "memdiag", "memdiag-python"],
-                        choices=["plain", "memdiag", "memdiag-python", "memdiag-sample5", "memdiag-record1"])
+                        choices=["plain", "memdiag", "memdiag-python", "memdiag-sample5", "memdiag-every-step"])
     args = parser.parse_args(argv)
     variants = ["plain", *[v for v in args.variants if v != "plain"]]
     if len(variants) < 2:

@@ -31,8 +31,8 @@ Example::
 ``--short-steps`` measures a user's script with short steps instead (probes/short_step_script.py, run as
 written under plain mpirun and under ``memdiag run``; probes/fixed_cost.py does the runs): for 1, 30 and 150
 steps the whole-process wall and CPU ratios against plain mpirun, the fixed and per-step costs fitted to
-them, and the per-step CPU of memdiag's sampling thread, for ``memdiag run`` as it is by default and with
-``--record-every 1``::
+them, and the per-step CPU of memdiag's sampling thread, for ``memdiag run`` as it is by default (marks made
+records once a second) and with ``--record-every 0`` (at every step, the default before)::
 
     .venv/bin/python probes/overhead_bench.py --short-steps --ranks 2 --repeats 3 [--hidden 2048]
 """
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         import fixed_cost
 
         return fixed_cost.main(["--np", str(args.ranks), "--repeats", str(args.repeats), "--variants", "plain",
-                                "memdiag", "memdiag-record1",
+                                "memdiag", "memdiag-every-step",
                                 *([] if args.hidden is None else ["--hidden", str(args.hidden)])])
     if args.steps < 3:
         parser.error("--steps must be at least 3: step 0 is left out of the median")

@@ -8,10 +8,12 @@ from collections.abc import Callable
 
 from memdiag.launch.options import (
     DEFAULT_LAUNCHER,
+    DEFAULT_RECORD_EVERY_S,
     DEFAULT_SAMPLE_MS,
     DEFAULTS,
     LAUNCHERS,
     LIMIT_SAMPLE_MS,
+    MAX_RECORD_EVERY_S,
     MAX_SAMPLE_MS,
     MIN_SAMPLE_MS,
     SPOOLS,
@@ -131,11 +133,14 @@ def add_launch_options(parser: argparse.ArgumentParser, default_steps: int,
                              "sample costs the rank CPU, a longer period less; a step's peak stays exact (the "
                              "kernel's high-water mark) and every collective's start and end is sampled anyway; "
                              "the memory series between them gets fewer samples")
-    parser.add_argument("--record-every", type=non_negative_float("--record-every"), default=0.0, metavar="S",
-                        help="turn the collectives' marks inside graphs into records every S seconds rather than "
-                             "at every step (default 0: every step; up to 10): far less of memdiag's CPU per step "
-                             "for a script with short steps, but a rank killed outright (the kernel's OOM killer, "
-                             "kill -9) loses up to S seconds of records, not only its last step")
+    parser.add_argument("--record-every", type=non_negative_float("--record-every"), default=None, metavar="S",
+                        help=f"turn a script's marks of its collectives inside graphs into records every S seconds "
+                             f"(default {DEFAULT_RECORD_EVERY_S:g}; 0 with --mem-limit or --spool local; up to "
+                             f"{MAX_RECORD_EVERY_S:g}), or 0: at every step, which costs a script with short steps "
+                             "several times more of memdiag's CPU. The marks wait in a file in the run directory, "
+                             "so a rank killed outright (the kernel's OOM killer, kill -9) still loses only the "
+                             "step it was in; with --spool local that file stays on the node, and such a rank "
+                             "loses up to S seconds of records")
 
 
 def mode_choice(text: str) -> str:

@@ -27,6 +27,10 @@ DEFAULT_SAMPLE_MS, LIMIT_SAMPLE_MS = 20.0, 5.0
 # --record-every: at most this long between two drains of the native marks (their ring holds 4,096 marks,
 # and is drained early when half full, so a longer wait only risks more records lost with a killed rank)
 MAX_RECORD_EVERY_S = 10.0
+# Its default: a script's marks made records once a second, kept in a file meanwhile (memdiag.agent.replay), so
+# that a rank killed outright still loses at most the step it was in. Not under --mem-limit (its watchdog reads
+# every sample as it is taken) nor --spool local (the file would stay on the rank's node): 0 there.
+DEFAULT_RECORD_EVERY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -51,8 +55,8 @@ class LaunchOptions:
     max_warmup: int = 0
     launcher: str = DEFAULT_LAUNCHER  # one of LAUNCHERS
     # --record-every: native marks turned into records every this many seconds rather than at every sampler
-    # wake (0); a killed rank may lose that much of its records
-    record_every_s: float = 0.0
+    # wake (0); None: DEFAULT_RECORD_EVERY_S, or 0 under a memory limit or a node-local spool
+    record_every_s: float | None = None
 
     def __post_init__(self) -> None:
         # A copy of its own: a study's runs cannot change each other's options.
@@ -61,6 +65,9 @@ class LaunchOptions:
         if not self.sample_interval_s:
             default = LIMIT_SAMPLE_MS if self.mem_limit_bytes is not None else DEFAULT_SAMPLE_MS
             object.__setattr__(self, "sample_interval_s", default / 1000)
+        if self.record_every_s is None:
+            batched = self.mem_limit_bytes is None and self.spool == "shared"
+            object.__setattr__(self, "record_every_s", DEFAULT_RECORD_EVERY_S if batched else 0.0)
 
     def validate(self) -> None:
         """Checks that need no target; :func:`memdiag.launch.session.validate` checks the rest."""
@@ -83,8 +90,9 @@ class LaunchOptions:
         if not MIN_SAMPLE_MS <= self.sample_interval_s * 1000 <= MAX_SAMPLE_MS:
             raise UserError(f"--sample-ms {self.sample_interval_s * 1000:g}: give {MIN_SAMPLE_MS:g} to "
                             f"{MAX_SAMPLE_MS:g} milliseconds")
-        if not 0 <= self.record_every_s <= MAX_RECORD_EVERY_S:
-            raise UserError(f"--record-every {self.record_every_s:g}: give 0 (records at every step, the default) "
+        every = self.record_every_s or 0.0
+        if not 0 <= every <= MAX_RECORD_EVERY_S:
+            raise UserError(f"--record-every {every:g}: give 0 (records at every step) "
                             f"to {MAX_RECORD_EVERY_S:g} seconds")
         if self.launcher not in LAUNCHERS:
             raise UserError(f"--launcher {self.launcher!r}: choose one of {', '.join(LAUNCHERS)}")

@@ -56,9 +56,10 @@ def plain_mpirun(script: Path, args: list[str], timeline: Path, ranks: int = 2) 
 # run again with the marks made through Python (MEMDIAG_MARKS=python): a grouped all-reduce (one mark per
 # tensor) and a TF1 graph (only what a session fetches runs).
 PYTHON_MARKS = ("user_groups.py", "user_tf1_graph.py")
-# And these with the native marks made records once a second (--record-every 1: the native timer samples,
-# the sampling thread drains in batches): the same collectives recorded as at every step.
-RECORD_EVERY = ("user_sparse_as_dense.py",)
+# By default the native marks are made records once a second (the native timer samples, the sampling thread
+# drains in batches); these run again with them made records at every step (--record-every 0, the Python
+# thread sampling): the same collectives recorded either way.
+EVERY_STEP = ("user_sparse_as_dense.py",)
 
 
 # A script's plain run (its output and Horovod's timeline of what it issued), made once for its runs with
@@ -77,7 +78,7 @@ def plain_run(name: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, l
 @pytest.mark.parametrize("name,marks", [(name, "native") if name in CORE else
                                         pytest.param(name, "native", marks=pytest.mark.slow)
                                         for name in sorted(SCRIPTS)] + [(name, "python") for name in PYTHON_MARKS]
-                         + [(name, "record-every") for name in RECORD_EVERY])
+                         + [(name, "every-step") for name in EVERY_STEP])
 def test_a_script_runs_under_memdiag_exactly_as_under_plain_mpirun(name, marks, runs_root, tmp_path, monkeypatch):
     script, args = ROOT / "examples" / name, SCRIPTS[name]
     # GIVEN the script's run under plain mpirun, with Horovod's timeline of what it issued
@@ -85,15 +86,19 @@ def test_a_script_runs_under_memdiag_exactly_as_under_plain_mpirun(name, marks, 
     assert issued
     # WHEN memdiag runs it as written (no mode given), its marks inside graphs made as asked
     out = runs_root / f"as-written-{script.stem}-{marks}"
-    batched = marks == "record-every"
-    monkeypatch.setenv("MEMDIAG_MARKS", "native" if batched else marks)
+    every_step = marks == "every-step"
+    monkeypatch.setenv("MEMDIAG_MARKS", "native" if every_step else marks)
     result = memdiag("run", str(script), "-n", "2", "--horovod-timeline", "--out", str(out),
-                     *(["--record-every", "1"] if batched else []), "--", *args)
+                     *(["--record-every", "0"] if every_step else []), "--", *args)
     assert result.returncode == 0, result.stdout + result.stderr
+    batched = marks == "native"
     for rank in (0, 1):
         [start] = [r for r in read_records(out / f"rank-{rank}.jsonl") if r["type"] == "start"]
-        assert start["marks"] == ("native" if batched else marks)
+        assert start["marks"] == ("python" if marks == "python" else "native")
         assert (start["sampling"], start["record_every_s"]) == (("native", 1.0) if batched else ("python", 0.0))
+        # the marks' file of a rank that ended is deleted: every mark is in its records
+        assert start["marks_file"] is (marks != "python")
+        assert not (out / f"rank-{rank}.marks.bin").exists() and not (out / f"rank-{rank}.marks.keys").exists()
     if batched:
         assert "marks made records every 1 s (--record-every)" in " ".join(result.stdout.split())
     # THEN Horovod issued the same collectives (op, dtype, output shape, count) under memdiag

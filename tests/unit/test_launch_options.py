@@ -125,6 +125,12 @@ def test_a_number_below_its_range_or_not_finite_is_refused_by_the_command_line(a
     assert argv[0] in capsys.readouterr().err
 
 
-def test_records_are_made_at_every_step_unless_asked():
-    args = build_parser().parse_args(["run", "transformer"])
-    assert LaunchOptions.from_args(args, []).record_every_s == 0 == DEFAULTS.record_every_s
+def test_marks_are_made_records_once_a_second_unless_a_limit_or_a_node_local_spool_needs_every_step():
+    def every(*argv: str) -> float | None:
+        return LaunchOptions.from_args(build_parser().parse_args(["run", "transformer", *argv]), []).record_every_s
+
+    assert every() == 1.0 == DEFAULTS.record_every_s
+    assert every("--mem-limit", "2G") == 0.0  # the watchdog reads every sample as it is taken
+    assert every("--spool", "local") == 0.0  # the marks' file would stay on the rank's node
+    assert every("--mem-limit", "2G", "--record-every", "2") == 2.0  # asked: as asked
+    assert every("--record-every", "0") == 0.0
