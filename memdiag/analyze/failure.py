@@ -93,7 +93,16 @@ def diagnose(run: Run) -> FailureSummary | None:
             "waiting_in": {str(k): v for k, v in waits.items()},
             "last_collective": {str(r): last_collective(run, r) for r in range(size)},
         }
-    errors = {rank: r.end.get("error") for rank, r in run.ranks.items() if r.end and r.end.get("status") != "ok"}
+    ended = {rank: r.end for rank, r in run.ranks.items() if r.end and r.end.get("status") != "ok"}
+    errors = {rank: end.get("error") for rank, end in ended.items()}
+    dead = sorted(rank for rank, r in run.ranks.items() if r.end is None)
+    terminated = all(end.get("status") == "terminated" for end in ended.values())
+    if dead and errors and terminated and not m.get("terminated_by"):
+        # A rank killed outright (the OOM killer, kill -9) leaves no record of why; the launcher then
+        # terminates the others, whose records say only that: the dead rank is the cause.
+        return {"kind": "died", "headline": f"rank(s) {', '.join(map(str, dead))} ended without a record of why "
+                                            f"(killed by a signal?), and the launcher then terminated the others; "
+                                            f"see {rundir.MPIRUN_LOG}"}
     if errors:
         # memdiag's own diagnosis first: a rank that could not agree with the others names the cause,
         # which the others only see as a collective that failed or Horovod shut down.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -53,6 +54,41 @@ def test_memory_limit_kills_the_rank_and_keeps_every_completed_step(runs_root, s
     assert "killed at step" in result.stdout
     assert any(r["status"] == "killed" for r in summary["ranks"])
     assert undeclared_record_fields(out) == {}  # the killed record's fields are declared
+
+
+def test_a_script_rank_killed_outright_keeps_every_step_before_the_one_it_was_in(runs_root):
+    # GIVEN a short-step script whose rank 1 kills itself outright (SIGKILL: no handler runs) before step 25,
+    # its marks made records only every 10 s, so that none of its steps was drained when it died
+    script = Path(__file__).with_name("killed_script.py")
+    out = runs_root / "killed-outright"
+    result = memdiag("run", str(script), "-n", "2", "--record-every", "10", "--out", str(out),
+                     "--", "--steps", "60", "--die-at", "25", "--die-rank", "1")
+    assert result.returncode != 0
+    # THEN rank 1 has every step it completed before the one it was in (24: its end is the next step's
+    # first collective), each once, made from the marks it left in its file
+    killed = read_records(out / "rank-1.jsonl")
+    assert [r["step"] for r in killed if r["type"] == "step"] == list(range(-1, 24))
+    [made] = [r for r in killed if r["type"] == "replayed"]
+    assert made["steps"][1] == 23 and made["marks"] > 0
+    # AND the same collectives in each of those steps as rank 0, which was terminated and drained its own
+    survivor = read_records(out / "rank-0.jsonl")
+
+    def calls(records: list[dict]) -> dict[int, list[tuple]]:
+        found: dict[int, list[tuple]] = {}
+        for r in records:  # steps below 32 are written as one collective record per call
+            if r["type"] == "collective" and 0 <= r["step"] < 24:
+                found.setdefault(r["step"], []).append((r["op"], r["name"], r.get("part")))
+        return {step: sorted(names) for step, names in found.items()}
+
+    assert calls(killed) == calls(survivor) and len(calls(killed)) == 24
+    # AND the summary and the report say which steps were made so, and the files are gone
+    summary = read_json(out / "summary.json")
+    [rank1] = [r for r in summary["ranks"] if r["rank"] == 1]
+    assert rank1["replayed_steps"] == made["steps"] and rank1["status"] == "died"
+    assert summary["failure"]["headline"].startswith("rank(s) 1 ended without a record of why")
+    assert "made from the marks left by ranks killed outright: rank 1 steps" in " ".join(result.stdout.split())
+    assert not list(out.glob("rank-*.marks.*"))
+    assert undeclared_record_fields(out) == {}
 
 
 HANG = """
