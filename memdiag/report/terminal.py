@@ -200,7 +200,9 @@ def sampler_cost_line(summary: RunSummary) -> str | None:
     every = max((r.get("record_every_s") or 0.0 for r in summary["ranks"]), default=0.0)
     if every:
         line += f"; marks made records every {every:g} s (--record-every)"
-        if not all(r.get("marks_file") for r in summary["ranks"] if r.get("record_every_s")):
+        # a built-in workload's steps drain the marks themselves; a script's marks wait in a file, unless
+        # they could not (--spool local: the file would stay on the node)
+        if summary.get("script") and not all(r.get("marks_file") for r in summary["ranks"] if r.get("record_every_s")):
             line += f", so a rank killed outright could lose up to {every:g} s of records"
     return line
 

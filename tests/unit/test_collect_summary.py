@@ -100,6 +100,25 @@ def test_the_samplers_cost_reaches_the_summary_and_the_report_names_the_costlies
     assert sampler_cost_line({"ranks": [{**r, "sampler_cpu_s": None} for r in s["ranks"]]}) is None
 
 
+def test_the_report_says_what_a_killed_rank_could_lose_only_where_its_marks_were_not_kept():
+    from memdiag.report.terminal import replayed_line, sampler_cost_line
+
+    rank = {"rank": 0, "sampler_cpu_s": 0.1, "agent_wall_s": 10.0, "record_every_s": 1.0, "marks_file": True,
+            "replayed_steps": None}
+    kept = sampler_cost_line({"script": "/s.py", "ranks": [rank]})
+    assert kept is not None and "marks made records every 1 s" in kept and "could lose" not in kept
+    # a script's rank whose marks had no file (--spool local) could lose a second of steps
+    lost = sampler_cost_line({"script": "/s.py", "ranks": [{**rank, "marks_file": False}]})
+    assert lost is not None and "a rank killed outright could lose up to 1 s of records" in lost
+    # a built-in workload's steps drain the marks themselves
+    builtin = sampler_cost_line({"script": None, "ranks": [{**rank, "marks_file": False}]})
+    assert builtin is not None and "could lose" not in builtin
+    # the steps made from a killed rank's marks are named
+    assert replayed_line({"ranks": [rank]}) is None
+    line = replayed_line({"ranks": [rank, {**rank, "rank": 1, "replayed_steps": [3, 9]}]})
+    assert line is not None and "ranks killed outright: rank 1 steps 3-9" in line
+
+
 def test_a_policy_record_written_before_agreed_rows_reads_as_the_rank_own_or_the_agreed_rows():
     # GIVEN policy records as ranks wrote them before agreed_rows: rows_per_rank was the agreed maximum
     # in auto (and under MultiWorkerMirroredStrategy, which names its engine) and the rank's own rows elsewhere
