@@ -245,8 +245,14 @@ class MemorySampler:
         """Peak RSS since the last call, and the samples taken since then (cleared). ``until``: only
         the samples up to that time, already past; the later ones stay for the next call."""
         self.pull_timer()
-        current = self.sample()
+        # A cut at a past time with the native timer (a drain): its samples up to now are in the series, and
+        # a read now would belong to no step that ends here (a drain of a second's steps would pile one read
+        # a step into the step in progress); it stands in only where no sample is left after the cut.
+        late = until is not None and self._timer is not None
+        current = 0 if late else self.sample()
         with self._lock:
+            if late:
+                current = self._rss[-1] if self._rss else read_rss()
             if until is None:
                 peak, times, rss = self._step_peak, self._times, self._rss
                 self._times, self._rss, self._step_peak = [], [], current

@@ -106,3 +106,29 @@ def test_a_live_mark_is_a_sample_only_where_rss_changed(monkeypatch):
     sampler.mark_now()  # 200 pages: kept
     _, times, rss = sampler.take_step()  # its own sample: 200 pages
     assert rss == [100 * PAGE, 200 * PAGE, 200 * PAGE] and times == sorted(times)
+
+
+def test_steps_cut_late_from_the_native_timers_samples_take_no_reading_of_their_own():
+    # GIVEN a sampler whose samples come from a native timer (stood in for here): one a second, t = 1..10
+    class Timer:
+        def __init__(self) -> None:
+            self.pending = ([float(t) for t in range(1, 11)], [100 + t for t in range(1, 11)])
+
+        def timer_start(self, interval_s: float) -> bool:
+            return True
+
+        def timer_read(self) -> tuple[list[float], list[int]]:
+            pending, self.pending = self.pending, ([], [])
+            return pending
+
+    sampler = MemorySampler(0.02)  # not started
+    assert sampler.use_native_timer(Timer(), 1.0)
+    # WHEN a drain ends two steps at past times (3.5 and 6.5), then the current one ends now
+    first = sampler.take_step(until=3.5)
+    second = sampler.take_step(until=6.5)
+    peak, times, rss = sampler.take_step()
+    # THEN each step has the timer's samples up to its end, and only the step ended now reads RSS now:
+    # once, not once per step the drain ended
+    assert first[1] == [1.0, 2.0, 3.0] and first[0] == 103 * PAGE
+    assert second[1] == [4.0, 5.0, 6.0] and second[0] == 106 * PAGE
+    assert times[:4] == [7.0, 8.0, 9.0, 10.0] and len(times) == 5 and times[4] > 10.0
