@@ -33,6 +33,7 @@ import numpy as np
 
 from memdiag import rundir
 from memdiag.agent.sampler import HighWaterMark, MemorySampler
+from memdiag.collect import read_rank_file
 from memdiag.nativemarks import BEGIN, RSS, read_ring_file, shape
 
 
@@ -132,41 +133,21 @@ def _write_replayed(run_dir: str, rank: int, fields: dict[str, Any]) -> dict[str
 
 
 class _Known:
-    """What the rank's records say of where it was: its last step and that step's end, whether it ended,
-    its run peak, whether its steps are stepped by gradient reductions, the latest collective written."""
+    """What the rank's records say of where it was (read as memdiag.collect reads them): its last step and
+    that step's end, whether it ended, its run peak, whether its steps are stepped by gradient reductions,
+    the latest collective written."""
 
-    def __init__(self, path: str) -> None:
-        self.start: dict[str, Any] | None = None
-        self.ended = False
-        self.last_step: int | None = None
-        self.last_end: float | None = None
-        self.hwm = 0
-        self.gradient = False
-        self.written_until = -math.inf
-        with open(path, "rb") as file:
-            for line in file:
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue  # a line cut short by the kill
-                if isinstance(record, dict):
-                    self._read(record)
-
-    def _read(self, record: dict[str, Any]) -> None:
-        kind = record.get("type")
-        if kind == "start":
-            self.start = record
-        elif kind == "end":
-            self.ended = True
-        elif kind == "step" and isinstance(record.get("step"), int):
-            if self.last_step is None or record["step"] >= self.last_step:
-                self.last_step, self.last_end = record["step"], float(record["t_end"])
-            self.hwm = max(self.hwm, int(record.get("hwm_bytes") or 0))
-        elif kind == "collective":
-            self.gradient = self.gradient or bool(record.get("gradient"))
-            self.written_until = max(self.written_until, float(record.get("t", -math.inf)))
-        elif kind == "collective_calls" and record.get("us"):
-            self.written_until = max(self.written_until, float(record["t0"]) + max(record["us"]) / 1e6)
+    def __init__(self, path: str, rank: int) -> None:
+        records = read_rank_file(path, rank)
+        self.start = records.start
+        self.ended = records.end is not None
+        last = max(records.steps, key=lambda s: s["step"], default=None)
+        self.last_step: int | None = last["step"] if last is not None else None
+        self.last_end: float | None = float(last["t_end"]) if last is not None else None
+        self.hwm = max((int(s.get("hwm_bytes") or 0) for s in records.steps), default=0)
+        calls = list(records.collectives)
+        self.gradient = any(c.get("gradient") for c in calls)
+        self.written_until = max((float(c["t"]) for c in calls if "t" in c), default=-math.inf)
 
 
 def _replay(run_dir: str, rank: int, marks_path: str) -> dict[str, Any] | None:
@@ -177,7 +158,7 @@ def _replay(run_dir: str, rank: int, marks_path: str) -> dict[str, Any] | None:
     keys_path = os.path.join(run_dir, rundir.keys_file(rank))
     if not os.path.exists(rank_path) or not os.path.exists(keys_path):
         return None
-    known = _Known(rank_path)
+    known = _Known(rank_path, rank)
     if known.ended or known.start is None:
         return None  # it ended, and drained everything first; or it never started measuring
     ring = read_ring_file(marks_path)
@@ -201,6 +182,7 @@ def _replay(run_dir: str, rank: int, marks_path: str) -> dict[str, Any] | None:
     sampler = _ReplaySampler(since)
     tracer = Tracer(writer, sampler, rank, auto_steps=True, hwm=_NoHighWaterMark(known.hwm, sampler))
     tracer._collective_records = _FullRecords(writer, known.written_until)  # type: ignore[assignment]
+    samples = [(t, p) for t, p in zip(ring.sample_times, ring.sample_pages) if t > since]
     if known.last_step is not None:
         # as the rank left it when it wrote that step: the next one begun at its end, stepped by the
         # collectives of the anchor's kind (the mark that began it comes first, at that very time)
@@ -208,21 +190,18 @@ def _replay(run_dir: str, rank: int, marks_path: str) -> dict[str, Any] | None:
         tracer._step_start = since
         tracer._anchor, tracer._anchor_is_gradient = ("replayed",), known.gradient
         tracer._started = set()
-    samples = [(t, p) for t, p in zip(ring.sample_times, ring.sample_pages) if t > since]
-    if known.last_step is None:
+    else:  # the set-up step, from the first mark or sample the file holds
         tracer._step_start = min([float(times[records_at].min()), *(t for t, _ in samples[:1])])
     sampler.add_samples([t for t, _ in samples], [p for _, p in samples])
     first = tracer.step
     dispatch(tracer, marked, records)
     writer.discard()  # the step the rank was in: not complete, not written (as the rank would not have)
+    writer.close()
     last = tracer.step - 1
     if last < first:
-        writer.close()
         return None  # no step ended after the last one written: the rank lost only the step it was in
-    fields = {"from_t": since, "steps": [first, last], "marks": len(records), "samples": len(samples)}
-    writer.write_now({"type": "replayed", "source": rundir.marks_file(rank), **fields})
-    writer.close()
-    return {"type": "replayed", **fields}
+    return _write_replayed(run_dir, rank, {"from_t": since, "steps": [first, last], "marks": len(records),
+                                           "samples": len(samples)})
 
 
 class _ReplaySampler(MemorySampler):
