@@ -153,10 +153,11 @@ class DensifyPolicy:
         if name in self.decisions:
             return self.decisions[name]
         ids = np.asarray(ids)
-        row_elements = math.prod(var.shape[1:])
+        var_dims = var.shape.as_list()
+        row_elements = math.prod(var_dims[1:])
         index_bytes = ids.dtype.itemsize if ids.dtype in (np.int32, np.int64) else 4  # Keras casts others to int32
         shape = SparseGradientShape(rows_per_rank=int(ids.size), row_bytes=row_elements * var.dtype.size,
-                                    index_bytes=index_bytes, dense_rows=int(var.shape[0]),
+                                    index_bytes=index_bytes, dense_rows=int(var_dims[0]),
                                     row_elements=row_elements)
         distinct = int(np.unique(ids).size) if self.mode in ("auto", "dedup") else None
         decision = self._decide_shape(name, shape, distinct, False, None)
@@ -356,23 +357,26 @@ def row_shape(grad: tf.IndexedSlices, var: Any) -> SparseGradientShape | None:
     values_shape = grad.values.shape
     if not values_shape.rank or not values_shape[1:].is_fully_defined():
         return None
-    probe = tf.IndexedSlices(tf.zeros([0, *values_shape[1:]], grad.values.dtype),
+    probe = tf.IndexedSlices(tf.zeros([0, *values_shape.as_list()[1:]], grad.values.dtype),
                              tf.zeros([0], grad.indices.dtype), grad.dense_shape)
     return sparse_shape(probe, var)
 
 
 def sparse_shape(grad: tf.IndexedSlices, var: Any) -> SparseGradientShape | None:
     """Sizes the formula needs, from static shapes (or concrete ones in eager code)."""
+    # as_list(): under TF1's shape behaviour (disable_v2_behavior) indexing a shape gives Dimension
+    # objects, whose unknown size is not None.
     values_shape = grad.values.shape
-    rows = values_shape[0] if values_shape.rank else None
-    row_elements = math.prod(values_shape[1:]) if values_shape.rank and values_shape[1:].is_fully_defined() else None
+    dims = values_shape.as_list() if values_shape.rank else None
+    rows = dims[0] if dims else None
+    row_elements = math.prod(dims[1:]) if dims and None not in dims[1:] else None
     dense_rows = None
     if grad.dense_shape is not None:
         static = tf.get_static_value(grad.dense_shape)
         if static is not None:
             dense_rows = int(static[0])
     if dense_rows is None and var is not None and var.shape.rank:
-        dense_rows = var.shape[0]
+        dense_rows = var.shape.as_list()[0]
     if rows is None or row_elements is None or dense_rows is None:
         return None
     return SparseGradientShape(
