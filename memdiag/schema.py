@@ -294,17 +294,24 @@ class BookkeepingRecord(_Record, total=False):
     error: str  # the first such failure's error
 
 
+class NotAppliedRecord(_Record, total=False):
+    step: int
+    name: str  # the gradient memdiag could not apply its mode to: it went to Horovod as the script asked
+    mode: str
+    error: str
+
+
 # Every record type a rank writes; those with a class above have their fields declared there.
 RECORD_TYPES = ("start", "choices", "collective", "collective_calls", "policy", "params_initial", "params_final",
                 "mem", "step", "distinct_rows", "reduction_check", "waiting", "killed", "own_work", "bookkeeping",
-                "terminated", "end", "replayed")
+                "terminated", "end", "replayed", "not_applied")
 RECORD_CLASSES: dict[str, type] = {
     "start": StartRecord, "step": StepRecord, "mem": MemRecord, "collective": CollectiveRecord,
     "collective_calls": CollectiveCallsRecord, "policy": PolicyRecord, "distinct_rows": DistinctRowsRecord,
     "reduction_check": ReductionCheckRecord, "waiting": WaitingRecord, "killed": KilledRecord,
     "own_work": OwnWorkRecord, "bookkeeping": BookkeepingRecord, "end": EndRecord,
     "choices": ChoicesRecord, "params_initial": ParamsInitialRecord, "params_final": ParamsFinalRecord,
-    "terminated": TerminatedRecord, "replayed": ReplayedRecord,
+    "terminated": TerminatedRecord, "replayed": ReplayedRecord, "not_applied": NotAppliedRecord,
 }
 # Record types whose fields are open: any a script passed (the rest have every field declared above).
 OPEN_RECORD_TYPES = frozenset({"choices"})
@@ -441,6 +448,10 @@ class PolicySummary(PolicyFields, total=False):
     rows_gathered: int | None  # what every rank receives per step (Horovod: the sum of the ranks' rows)
     rows_largest_rank: int | None
     rows_from: str | None  # trace or records
+    # where rows change from step to step: [least, median, most] over every rank's steps; the figures
+    # above (own rows, rows gathered) are the most
+    own_rows_range: list[int]
+    gathered_rows_range: list[int]
     shape_from: str  # records: sizes unknown when traced, read off the records
     formula_gathered_bytes: int | None  # rows_gathered x (row + index)
     reduce_op: str
@@ -489,6 +500,26 @@ class StepDetail(TypedDict):
     params_identical_across_ranks: bool | None
 
 
+class NotApplied(TypedDict):
+    """An IndexedSlices gradient whose records do not show the reduction the run's mode chose for it."""
+
+    name: str
+    expected: str  # sparse, dense or dedup: what the mode (or auto's decision) chose
+    recorded: list[str]  # the reductions its collective records show (empty: none recorded)
+    why: str
+
+
+class ModeApplied(TypedDict):
+    """``summary.json`` ``mode_applied``: the mode a run asked for against what its records show, per
+    IndexedSlices gradient (memdiag.analyze.mode_applied)."""
+
+    mode: str
+    gradients: list[str]  # the IndexedSlices gradients the records show
+    applied: list[str]  # those reduced as the mode chose
+    not_applied: list[NotApplied]
+    unlabelled: list[str]  # allgathers memdiag could not tie to a variable while labelling failed
+
+
 class RunSummary(TypedDict, total=False):
     """``summary.json``: one run's figures (memdiag.analyze.summary.summarize; docs/reference/report-fields.md)."""
 
@@ -530,6 +561,7 @@ class RunSummary(TypedDict, total=False):
     failure: FailureSummary | None
     warnings: list[str]
     attribution: dict[str, Any]  # only when the run has memray files
+    mode_applied: ModeApplied | None  # an explicit --mode: what the records show of it
 
 
 class CompareRow(TypedDict, total=False):
@@ -766,6 +798,7 @@ class TensorRows(TypedDict):
     own_rows_by_rank: dict[str, int] | None
     rows_gathered: int | None  # the sum over the ranks at the measured N
     rows_from: str | None  # trace or records
+    own_rows_range: list[int] | None  # rows that change from step to step: [least, median, most]
     world_size: int | None
 
 

@@ -28,6 +28,7 @@ import contextlib
 import functools
 import inspect
 import os
+import re
 import sys
 import threading
 import time
@@ -376,15 +377,9 @@ class CollectiveHooks:
                             grads[i] = None
                             origins[i] = replace(origin, sparse=True)
                             continue
-                        decision = self.policy.decide(name, grad, var, script_densifies, process_set, reduce_op)
-                        if decision.merge:
-                            grads[i] = self._merge(name, grad)
-                        else:
-                            if self.policy.mode != "as-written":  # as written, nothing is added to the job
-                                self._record_distinct(name, grad)
-                            if decision.densify:
-                                grads[i] = self.policy.densify(grad)
-                        origin = replace(origin, sparse=True, densified=decision.densify, merged=decision.merge)
+                        grads[i], densified, merged = self._apply_policy(name, grad, var, script_densifies,
+                                                                         process_set, reduce_op)
+                        origin = replace(origin, sparse=True, densified=densified, merged=merged)
                     origins[i] = origin
                 if not self._initial_recorded and self.variables:
                     self._initial_recorded = True
@@ -399,6 +394,39 @@ class CollectiveHooks:
             return as_called(with_inner, inner)
 
         return make
+
+    def _apply_policy(self, name: str, grad: tf.IndexedSlices, var: Any, script_densifies: bool, process_set: Any,
+                      reduce_op: str | None = None, count: bool = True) -> tuple[Any, bool, bool]:
+        """The gradient as the policy reduces it, and whether it was densified and merged. Where memdiag
+        cannot apply the mode to this gradient, the gradient goes to Horovod as the script asked (its
+        ``sparse_as_dense``, which memdiag took over) and a ``not_applied`` record names it and why, so that
+        the report never claims a change the records do not show; the job goes on."""
+        try:
+            decision = self.policy.decide(name, grad, var, script_densifies, process_set, reduce_op)
+            if decision.merge:
+                return self._merge(name, grad), False, True
+            if count and self.policy.mode != "as-written":  # as written, nothing is added to the job
+                self._record_distinct(name, grad)
+            return (self.policy.densify(grad) if decision.densify else grad), decision.densify, False
+        except AgreementError:
+            raise  # the ranks cannot issue the same collectives: the job must not go on
+        except Exception as exc:  # noqa: BLE001 - a decision never fails the job
+            self._not_applied(name, exc)
+            return (tf.convert_to_tensor(grad) if script_densifies else grad), script_densifies, False
+
+    def _not_applied(self, name: str, exc: BaseException) -> None:
+        """memdiag could not apply its mode to the gradient ``name``: counted, and recorded once per name."""
+        if self.policy.mode == "as-written":
+            self._failed(f"label {name}", exc)
+            return
+        what = f"apply --mode {self.policy.mode} to {name}"
+        with self._lock:
+            self.failures[what] += 1
+            first = self.failures[what] == 1
+        if first:
+            with contextlib.suppress(Exception):
+                self.tracer.writer.add({"type": "not_applied", "step": self.tracer.step, "name": name,
+                                        "mode": self.policy.mode, "error": f"{type(exc).__name__}: {exc}"[:400]})
 
     def _reduce_at_run_time(self, origin: Origin, grad: tf.IndexedSlices, var: Any, script_densifies: bool,
                             kwargs: dict[str, Any]) -> Any:
@@ -470,12 +498,9 @@ class CollectiveHooks:
                 origin = self._take_origin(arguments.get("name"), tensor, arguments)
                 if isinstance(tensor, tf.IndexedSlices) and not origin.gradient and _reducible(arguments):
                     # A script's own hvd.allreduce of an IndexedSlices: the policy applies as well.
-                    decision = self.policy.decide(origin.name, tensor, None, False, arguments.get("process_set"))
-                    if decision.densify:
-                        tensor = self.policy.densify(tensor)
-                    elif decision.merge:
-                        tensor = self._merge(origin.name, tensor)
-                    origin = replace(origin, densified=decision.densify, merged=decision.merge)
+                    tensor, densified, merged = self._apply_policy(origin.name, tensor, None, False,
+                                                                   arguments.get("process_set"), count=False)
+                    origin = replace(origin, densified=densified, merged=merged)
                 sparse = isinstance(tensor, tf.IndexedSlices)
                 context = self._current([] if sparse else [origin], [origin] if sparse else [])
             except AgreementError:
@@ -501,12 +526,9 @@ class CollectiveHooks:
                 for i, tensor in enumerate(tensors):
                     origin = self._take_origin(None, tensor, arguments)
                     if isinstance(tensor, tf.IndexedSlices) and not origin.gradient and _reducible(arguments):
-                        decision = self.policy.decide(origin.name, tensor, None, False, arguments.get("process_set"))
-                        if decision.densify:
-                            tensors[i] = self.policy.densify(tensor)
-                        elif decision.merge:
-                            tensors[i] = self._merge(origin.name, tensor)
-                        origin = replace(origin, densified=decision.densify, merged=decision.merge)
+                        tensors[i], densified, merged = self._apply_policy(origin.name, tensor, None, False,
+                                                                           arguments.get("process_set"), count=False)
+                        origin = replace(origin, densified=densified, merged=merged)
                     (sparse if isinstance(tensors[i], tf.IndexedSlices) else dense).append(origin)
                 context = self._current(dense, sparse)
             except AgreementError:
@@ -912,6 +934,8 @@ class CollectiveHooks:
         queue = getattr(self._local, "queue", None)
         if queue:
             return queue.popleft()
+        if not name and isinstance(tensor, tf.IndexedSlices) and not tf.executing_eagerly():
+            name = _graph_variable(tensor)  # a script's own hvd.allreduce of a gradient it took in a graph
         origin = self._unnamed("allreduce", tensor.values if isinstance(tensor, tf.IndexedSlices) else tensor,
                                {**arguments, "name": name})
         return replace(origin, sparse=isinstance(tensor, tf.IndexedSlices))
@@ -1068,6 +1092,34 @@ def _call_site() -> str:
 
 def _var_name(var: Any) -> str:
     return getattr(var, "name", None) or str(var)
+
+
+# The ops that hold a variable in a graph (TF1 reference variables, resource variables).
+_VARIABLE_OPS = ("VariableV2", "Variable", "VarHandleOp")
+_GRADIENT_SCOPE = re.compile(r"^(?:.*/)?gradients(?:_\d+)?/(.+?)_grad/")
+
+
+def _graph_variable(slices: tf.IndexedSlices, depth: int = 6) -> str | None:
+    """The variable an IndexedSlices gradient built in a graph is for, where its dense shape is read off
+    that variable (as TensorFlow's gather gradient builds it), else None."""
+    shape = slices.dense_shape
+    if shape is None:
+        return None
+    starts = [shape.op]
+    # A static dense shape is a constant: the gradient's ops are then named after the forward op they
+    # differentiate (gradients/<op>_grad/...), whose first input is the variable looked up.
+    match = _GRADIENT_SCOPE.match(shape.op.name)
+    if match:
+        with contextlib.suppress(KeyError, ValueError):
+            starts.append(shape.op.graph.get_operation_by_name(match.group(1)))
+    for start in starts:
+        frontier = [start]
+        for _ in range(depth):
+            found = next((op for op in frontier if op.type in _VARIABLE_OPS), None)
+            if found is not None:
+                return f"{found.name}:0"
+            frontier = [t.op for op in frontier for t in op.inputs[:1]]
+    return None
 
 
 def _is_integer(tensor: Any) -> bool:

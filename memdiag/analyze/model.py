@@ -321,7 +321,8 @@ def gradient_fields(summary: RunSummary) -> dict[str, dict[str, Any]]:
         fields[p["name"]] = {"rows_per_rank": largest,
                              **{k: p.get(k) for k in _SIZES}, "distinct_rows": distinct.get(p["name"]),
                              "own_rows_by_rank": p.get("own_rows_by_rank"), "rows_gathered": p.get("rows_gathered"),
-                             "rows_from": p.get("rows_from"), "world_size": summary.get("world_size")}
+                             "rows_from": p.get("rows_from"), "own_rows_range": p.get("own_rows_range"),
+                             "world_size": summary.get("world_size")}
     return fields
 
 
@@ -410,6 +411,7 @@ def build_model(summaries: list[RunSummary], margin: float = 1.0) -> MemoryModel
     rows: dict[str, TensorRows] = {
         name: {"rows_per_rank": fields[name].get("rows_per_rank"), "own_rows_by_rank": fields[name].get("own_rows_by_rank"),
                "rows_gathered": fields[name].get("rows_gathered"), "rows_from": fields[name].get("rows_from"),
+               "own_rows_range": fields[name].get("own_rows_range"),
                "world_size": fields[name].get("world_size")} for name in tensors}
     groups = {frozenset(n for n in group if n in tensors) for s in summaries for group in s.get("allgather_groups", [])}
     model = MemoryModel(tensors, dense_bytes, {}, reduce_ops=reduce_ops, script_densifies=frozenset(script_densifies),

@@ -15,6 +15,7 @@ import numpy as np
 from memdiag import rundir
 from memdiag.analyze.attribution import summary_entry as attribution_entry
 from memdiag.analyze.failure import diagnose
+from memdiag.analyze.mode_applied import mode_applied, not_applied_reasons
 from memdiag.analyze.steady import steady_figures
 from memdiag.collect import CollectiveLog, RankRecords, Run
 from memdiag.schema import (
@@ -200,7 +201,7 @@ def live_collective_bytes(log: CollectiveLog) -> tuple[dict[int, int], list[list
 class _Tensor:
     """One (tensor, op, part) of collective_summary, added up rank by rank."""
 
-    last: tuple[int, int]  # (rank, position) of its last call
+    last: tuple[int, int]  # (rank, position) of its largest call (bytes out; the last of equals)
     bytes_in_max: int = 0
     bytes_out_max: int = 0
     bytes_out_sum: int = 0
@@ -209,8 +210,10 @@ class _Tensor:
 
 
 def _tensors_of_rank(log: CollectiveLog) -> dict[tuple[Any, ...], tuple[int, int, int, int, int, int]]:
-    """Per (tensor, op, part), over one rank's training-step collectives: (last position, largest bytes
-    in, largest bytes out, bytes out summed, calls, distinct steps). Array by array, not call by call."""
+    """Per (tensor, op, part), over one rank's training-step collectives: (position of its largest call
+    by bytes out, the last of equals; largest bytes in, largest bytes out, bytes out summed, calls,
+    distinct steps). Array by array, not call by call: rows that change from step to step are shown
+    by the largest call, as the formula takes them."""
     kind, step, bytes_in, bytes_out = log.columns()
     ids: dict[tuple[Any, ...], int] = {}
     group_of_kind = np.array([ids.setdefault((k["name"], k["op"], k.get("part")), len(ids)) for k in log.kinds] + [-1],
@@ -223,7 +226,8 @@ def _tensors_of_rank(log: CollectiveLog) -> dict[tuple[Any, ...], tuple[int, int
     largest_in, largest_out, last = np.zeros(n, np.int64), np.zeros(n, np.int64), np.full(n, -1, np.int64)
     np.maximum.at(largest_in, group, bytes_in[position])
     np.maximum.at(largest_out, group, bytes_out[position])
-    np.maximum.at(last, group, position)
+    largest = bytes_out[position] == largest_out[group]
+    np.maximum.at(last, group[largest], position[largest])
     steps = step[position]
     low = int(steps.min()) if len(steps) else 0
     span = (int(steps.max()) - low + 1) if len(steps) else 1
@@ -238,7 +242,8 @@ def _tensors_of_rank(log: CollectiveLog) -> dict[tuple[Any, ...], tuple[int, int
             continue
         key = (c["name"], c["op"], c.get("part"))
         last_pos, b_in, b_out, total, count, _ = found.get(key, (-1, 0, 0, 0, 0, 0))
-        found[key] = (max(last_pos, pos), max(b_in, c["bytes_in"]), max(b_out, c["bytes_out"]),
+        larger = c["bytes_out"] > b_out or (c["bytes_out"] == b_out and pos > last_pos)
+        found[key] = (pos if larger else last_pos, max(b_in, c["bytes_in"]), max(b_out, c["bytes_out"]),
                       total + c["bytes_out"], count + 1, 0)
         extra.setdefault(key, []).append(c.get("step"))
     for key, whole_steps in extra.items():
@@ -254,7 +259,8 @@ def collective_summary(run: Run) -> list[CollectiveSummary]:
     for rank, records in run.ranks.items():
         for key, (last_call, b_in, b_out, total, calls, steps) in _tensors_of_rank(_log(records.collectives)).items():
             group = groups.setdefault(key, _Tensor((rank, last_call)))
-            group.last = (rank, last_call)
+            if b_out >= group.bytes_out_max:
+                group.last = (rank, last_call)
             group.bytes_in_max = max(group.bytes_in_max, b_in)
             group.bytes_out_max = max(group.bytes_out_max, b_out)
             group.bytes_out_sum += total
@@ -453,6 +459,13 @@ def gradient_rows(run: Run, policies: dict[str, list[dict[str, Any]]]) -> dict[s
             "rows_largest_rank": max(own.values()) if own else None,
             "rows_from": source,
         }
+        # Rows that change from step to step (a random batch): their range; the figures above are the most.
+        per_step = [rows for steps in seen.rows.values() for rows in steps.values()]
+        if len(set(per_step)) > 1:
+            entry["own_rows_range"] = _least_median_most(per_step)
+            if not workers and ranks <= set(own):
+                entry["gathered_rows_range"] = _least_median_most(
+                    [sum(seen.rows[r][step] for r in ranks) for step in every])
         first = records[0]
         if first.get("dense_rows") is None and "dense_rows" not in seen.shape:
             saved = saved_table_rows(run.path) if saved is None else saved
@@ -464,6 +477,12 @@ def gradient_rows(run: Run, policies: dict[str, list[dict[str, Any]]]) -> dict[s
             entry["shape_from"] = "records"
         out[name] = entry
     return out
+
+
+def _least_median_most(values: Sequence[int]) -> list[int]:
+    """[least, median (the lower middle), most] of ``values``."""
+    ordered = sorted(values)
+    return [ordered[0], ordered[(len(ordered) - 1) // 2], ordered[-1]]
 
 
 def padding_summary(run: Run) -> list[PaddingSummary]:
@@ -624,6 +643,12 @@ def summarize(run: Run) -> RunSummary:
         "failure": diagnose(run),
         "warnings": list(run.warnings),
     }
+    if summary["engine"] == "horovod":
+        other = [record for records in run.ranks.values() for record in records.other]
+        labelling = next((str(r.get("error")) for r in other if r.get("type") == "bookkeeping"
+                          and str(r.get("what", "")).startswith("label")), None)
+        summary["mode_applied"] = mode_applied(summary["mode"], collectives, summary["policy"],
+                                               not_applied_reasons(other), labelling)
     attribution = attribution_entry(run.path)
     if attribution is not None:  # only when the run has memray files
         summary["attribution"] = attribution

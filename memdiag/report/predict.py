@@ -97,9 +97,13 @@ def _rows_notes(table: Prediction, scope: str) -> list[str]:
     for name, r in (table.get("tensor_rows") or {}).items():
         own = list((r.get("own_rows_by_rank") or {}).values())
         uneven = len(set(own)) > 1
-        if not uneven and r.get("rows_from") != "records":
+        varying = r.get("own_rows_range")
+        if not uneven and not varying and r.get("rows_from") != "records":
             continue
         line = f"{short_name(name, scope)}: extrapolated from the largest rank's rows, {r['rows_per_rank']} per rank"
+        if varying:
+            line += (f" (the most of any step: a rank's rows changed from step to step, {varying[0]} to "
+                     f"{varying[2]}, median {varying[1]})")
         if uneven:
             line += (f" (the ranks had {min(own)}-{max(own)}"
                      + (f", {r['rows_gathered']} gathered at N={r['world_size']}" if r.get("rows_gathered") else "")

@@ -13,7 +13,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from memdiag.report._fit import Column, FitTable
-from memdiag.schema import CollectiveSummary, DistinctRowsSummary, PolicySummary, RunSummary
+from memdiag.schema import CollectiveSummary, DistinctRowsSummary, ModeApplied, PolicySummary, RunSummary
 from memdiag.units import format_bytes
 
 MAX_TENSOR_ROWS = 12
@@ -229,12 +229,24 @@ def rows_text(summary: RunSummary) -> Text:
     scope = common_scope([p["name"] for p in summary.get("policy", [])])
     for p in summary.get("policy", []):
         own = p.get("own_rows_by_rank") or {}
+        varying = p.get("own_rows_range")
+        if varying:
+            gathered = p.get("gathered_rows_range")
+            text.append(f"{short_name(p['name'], scope)}: rows change from step to step: a rank's own "
+                        f"{_range(varying)}" + (f", gathered {_range(gathered)}" if gathered else "")
+                        + "; the formula and predictions use the most\n")
         if len(set(own.values())) <= 1:
             continue
         rows = ", ".join(f"rank {r}: {n}" for r, n in own.items())
-        text.append(f"{short_name(p['name'], scope)}: rows differ between ranks ({rows}); gathered per step: "
+        most = "the most of any step: " if varying else ""
+        text.append(f"{short_name(p['name'], scope)}: rows differ between ranks ({most}{rows}); gathered per step: "
                     f"{p.get('rows_gathered')} rows, {format_bytes(p.get('formula_gathered_bytes'))} by the formula\n")
     return text
+
+
+def _range(rows: list[int]) -> str:
+    """[least, median, most] in words."""
+    return f"{rows[0]} to {rows[2]} (median {rows[1]})"
 
 
 def memory_text(summary: RunSummary) -> Text:
@@ -271,6 +283,34 @@ def memory_text(summary: RunSummary) -> Text:
     return text
 
 
+_REDUCTION_WORDS = {"sparse": "an allgather", "dense": "a dense allreduce", "dedup": "a merged allgather"}
+
+
+def describe_mode_applied(applied: ModeApplied) -> list[str]:
+    """The report's lines: what the mode changed, as the records show it, then each gradient it did not."""
+    mode, names, done = applied["mode"], applied["gradients"], applied["applied"]
+    lines = []
+    if not names and not applied["unlabelled"]:
+        lines.append(f"--mode {mode}: the records show no IndexedSlices gradient, so it changed no reduction")
+    elif len(done) == len(names) and not applied["unlabelled"]:
+        how = "as its decisions chose" if mode == "auto" else f"as {mode} says"
+        lines.append(f"--mode {mode}: {len(done)} IndexedSlices gradient(s) reduced {how} (their records show it), "
+                     "whatever the script's sparse_as_dense")
+    else:
+        lines.append(f"--mode {mode}: applied to {len(done)} of {len(names)} IndexedSlices gradient(s) the records "
+                     "show; not to the others, which went to Horovod as the script asked")
+    for miss in applied["not_applied"]:
+        shown = " and ".join(_REDUCTION_WORDS.get(r, r) for r in miss["recorded"]) or "no reduction"
+        chosen = _REDUCTION_WORDS.get(miss["expected"], miss["expected"])
+        lines.append(f"--mode {mode} NOT applied to {miss['name']}: its records show {shown}, not {chosen} "
+                     f"({miss['why']})")
+    if applied["unlabelled"]:
+        lines.append(f"--mode {mode} NOT applied to {len(applied['unlabelled'])} allgather(s) memdiag could not tie "
+                     f"to a variable: {', '.join(applied['unlabelled'][:4])}"
+                     + (" ..." if len(applied["unlabelled"]) > 4 else ""))
+    return lines
+
+
 def script_text(summary: RunSummary) -> Text:
     """What a script asked Horovod for, and what this run changed (nothing, as written)."""
     text = Text()
@@ -290,10 +330,20 @@ def script_text(summary: RunSummary) -> Text:
     for phrase in describe_memory_environment(summary.get("memory_environment") or {}):
         text.append(f"set in the environment: {phrase}\n", style="yellow")
     changes = summary.get("changes_to_job") or []
+    applied = summary.get("mode_applied")
+    if applied is not None:
+        # What the mode did is what the records show (memdiag.analyze.mode_applied), not what was asked.
+        lines = describe_mode_applied(applied)
+        changes = [lines[0] if c.startswith(f"--mode {applied['mode']}:") else c for c in changes]
+        missed = lines[1:]
+    else:
+        missed = []
     if summary.get("script"):
         if changes:
             for change in changes:
                 text.append(f"changed by this run: {change}\n", style="yellow")
+            for line in missed:
+                text.append(f"{line}\n", style="bold red")
         else:
             text.append("measured as written: memdiag changed nothing in the job\n", style="green")
     for p in summary.get("policy", []):

@@ -291,7 +291,7 @@ def test_the_collective_log_is_a_sequence_of_records():
 
 
 def reference_collective_summary(run: Run) -> list[dict]:
-    """collective_summary as it was written before records were held compactly: record by record."""
+    """collective_summary record by record, as it was written before records were held compactly."""
     groups: dict[tuple, list[dict]] = {}
     for records in run.ranks.values():
         for c in records.collectives:
@@ -299,7 +299,10 @@ def reference_collective_summary(run: Run) -> list[dict]:
                 groups.setdefault((c["name"], c["op"], c.get("part")), []).append(c)
     entries = []
     for (name, op, part), calls in groups.items():
-        last = calls[-1]
+        last = calls[0]
+        for c in calls:  # the call shown: the largest by bytes out, the last of equals
+            if c["bytes_out"] >= last["bytes_out"]:
+                last = c
         steps = {(c["rank"], c["step"]) for c in calls}
         entries.append({
             "name": name, "op": op, "part": part, "sparse": bool(last.get("sparse")),
