@@ -1,0 +1,100 @@
+"""Real mpirun, real Horovod, 2 ranks: a TF1 script (tests/tf1_v1_script.py: TF1 behaviour, placeholders of
+unknown batch size, a random batch on every rank and step) under every mode.
+
+For each mode: the job's exit status and, as written, its printed losses and final digest as under plain
+mpirun; no bookkeeping warning; every gradient collective named after its variable (TF1's ``Variable``,
+``Variable_1`` ..., not a call site); and the mode the report names is the mode the records show: under
+dense no IndexedSlices allgather is left, under sparse every one is gathered, dedup merges, auto follows
+its decision per tensor.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import ROOT, memdiag, read_json
+from tests.integration.test_as_written import OUTPUT_LINE, plain_mpirun
+
+pytestmark = pytest.mark.mpi
+
+SCRIPT = ROOT / "tests" / "tf1_v1_script.py"
+SESSION = ["--style", "session", "--steps", "4"]
+MONITORED = ["--style", "monitored", "--steps", "3"]
+SESSION_TABLES = ["Variable:0", "Variable_1:0", "Variable_2:0"]  # embeddings, NCE weights, NCE biases
+MONITORED_TABLES = ["model/side:0", "model/table:0"]  # side: the script's own hvd.allreduce in the graph
+# What each mode's records show per IndexedSlices gradient (auto: its own decision, checked separately)
+SHOWN = {"sparse": {"allgather"}, "dense": {"densified"}, "dedup": {"merged allgather"}}
+
+
+def shown(summary: dict) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for c in summary["collectives"]:
+        if c["sparse"]:
+            kind = "densified" if c["densified"] else ("merged allgather" if c["merged"] else "allgather")
+            out.setdefault(c["name"], set()).add(kind)
+    return out
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    done = plain_mpirun(SCRIPT, SESSION, tmp_path_factory.mktemp("plain") / "timeline.json")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return OUTPUT_LINE.findall(done.stdout)
+
+
+@pytest.mark.parametrize("mode", ["as-written", "sparse", "dense", "dedup", "auto"])
+def test_every_mode_on_a_tf1_session_script_is_applied_as_the_report_names_it(runs_root, plain, mode):
+    out = runs_root / f"tf1-session-{mode}"
+    done = memdiag("run", str(SCRIPT), "-n", "2", "--out", str(out),
+                   *([] if mode == "as-written" else ["--mode", mode]), "--", *SESSION)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = read_json(out / "summary.json")
+    text = " ".join(done.stdout.split())
+    assert summary["warnings"] == [] and "could not" not in text, text[-3000:]
+    # every collective named after what it reduces: no call-site names
+    assert not [c["name"] for c in summary["collectives"] if "@" in c["name"]]
+    kinds = shown(summary)
+    assert sorted(kinds) == SESSION_TABLES
+    if mode == "as-written":
+        assert OUTPUT_LINE.findall((out / "mpirun.log").read_text()) == plain and len(plain) == 5
+        assert all(k == {"allgather"} for k in kinds.values())
+        assert "measured as written: memdiag changed nothing in the job" in text
+        return
+    applied = summary["mode_applied"]
+    assert applied["not_applied"] == [] and applied["applied"] == SESSION_TABLES
+    if mode == "auto":
+        decisions = {p["name"]: p["decision"] for p in summary["policy"]}
+        words = {"sparse": "allgather", "dense": "densified", "dedup": "merged allgather"}
+        assert all(kinds[n] == {words[decisions[n]]} for n in SESSION_TABLES), (kinds, decisions)
+        assert "3 IndexedSlices gradient(s) reduced as its decisions chose" in text
+    else:
+        assert all(k == SHOWN[mode] for k in kinds.values()), kinds
+        assert f"--mode {mode}: 3 IndexedSlices gradient(s) reduced as {mode} says (their records show it)" in text
+    if mode != "sparse":
+        return
+    # rows that change every step (the allgathers show them): their range, and the formula from the most
+    [embeddings] = [p for p in summary["policy"] if p["name"] == "Variable:0"]
+    least, median, most = embeddings["own_rows_range"]
+    assert 32 <= least < most <= 96 and least <= median <= most
+    assert max(int(r) for r in embeddings["own_rows_by_rank"].values()) == most
+
+
+@pytest.mark.parametrize("mode", ["as-written", "dense", "auto"])
+def test_a_monitored_session_with_compute_and_apply_gradients_and_a_graph_allreduce(runs_root, mode):
+    out = runs_root / f"tf1-monitored-{mode}"
+    done = memdiag("run", str(SCRIPT), "-n", "2", "--out", str(out),
+                   *([] if mode == "as-written" else ["--mode", mode]), "--", *MONITORED)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = read_json(out / "summary.json")
+    assert summary["warnings"] == [], summary["warnings"]
+    assert len(OUTPUT_LINE.findall((out / "mpirun.log").read_text())) == 3
+    kinds = shown(summary)
+    assert sorted(kinds) == MONITORED_TABLES
+    assert {c["name"] for c in summary["collectives"] if not c["sparse"] and c["op"] == "allreduce"} == {"model/kernel:0"}
+    if mode == "as-written":
+        assert all(k == {"allgather"} for k in kinds.values())
+    elif mode == "dense":
+        assert all(k == {"densified"} for k in kinds.values())
+        assert summary["mode_applied"]["applied"] == MONITORED_TABLES
+    else:
+        assert summary["mode_applied"]["not_applied"] == []
