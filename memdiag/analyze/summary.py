@@ -459,9 +459,10 @@ def gradient_rows(run: Run, policies: dict[str, list[dict[str, Any]]]) -> dict[s
             "rows_largest_rank": max(own.values()) if own else None,
             "rows_from": source,
         }
-        # Rows that change from step to step (a random batch): their range; the figures above are the most.
+        # Rows that change from step to step on some rank (a random batch): their range over every rank and
+        # step; the figures above are the most.
         per_step = [rows for steps in seen.rows.values() for rows in steps.values()]
-        if len(set(per_step)) > 1:
+        if any(len(set(steps.values())) > 1 for steps in seen.rows.values()):
             entry["own_rows_range"] = _least_median_most(per_step)
             if not workers and ranks <= set(own):
                 entry["gathered_rows_range"] = _least_median_most(

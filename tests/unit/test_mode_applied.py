@@ -165,3 +165,16 @@ with g.as_default():
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().endswith("None SparseGradientShape(rows_per_rank=0, row_bytes=128, index_bytes=4, "
                                         "dense_rows=5000, row_elements=32, distinct_rows=None)")
+
+
+def test_ranks_with_different_but_steady_rows_have_no_range(tmp_path):
+    path = tmp_path / "r"
+    run_with(path, "sparse", {TABLE: True}, rows_by_step=[[40, 70]] * 3)
+    for rank in range(2):
+        with open(path / f"rank-{rank}.jsonl", "a") as f:
+            f.write(json.dumps({"type": "policy", "rank": rank, "step": -1, "name": TABLE, "mode": "sparse",
+                                "decision": "sparse", "reason": "r", "world_size": 2, "local_rows": None,
+                                "row_bytes": 128, "index_bytes": 4, "dense_rows": VOCAB, "row_elements": WIDTH,
+                                "dense_bytes": VOCAB * 128}) + "\n")
+    [policy] = summarize(load_run(str(path)))["policy"]
+    assert "own_rows_range" not in policy and policy["own_rows_by_rank"] == {"0": 40, "1": 70}
