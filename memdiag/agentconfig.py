@@ -52,6 +52,9 @@ class AgentConfig:
     # --record-every: how often the sampling thread turns native marks into records (0: at every wake,
     # which is every step; memdiag.agent.hooks.CollectiveHooks.drain_when_due)
     record_every_s: float = 0.0
+    # a comparison's runs: a fingerprint of each IndexedSlices gradient the first time it is reduced, before
+    # any mode changes it (``first_gradient`` records), which tells a script's own randomness from a mode's
+    fingerprint_gradients: bool = False
 
     @property
     def is_script(self) -> bool:

@@ -23,12 +23,15 @@ where its inputs are static shapes.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import tensorflow as tf
 
 MARK = "_memdiag_host_call"
+
+_made = threading.local()  # the lists :func:`collected` is filling in this thread, innermost last
 
 
 def host_call(function: Callable[..., Any], inputs: Sequence[Any], name: str, Tout: Any = ()) -> Any:  # noqa: N803
@@ -46,7 +49,30 @@ def host_call(function: Callable[..., Any], inputs: Sequence[Any], name: str, To
     else:  # no outputs: the op just made
         op = result = graph.get_operations()[-1]
     _mark(op)
+    for made in getattr(_made, "stack", ()):
+        made.append(op)
     return result
+
+
+@contextlib.contextmanager
+def collected() -> Iterator[list[Any]]:
+    """The ops :func:`host_call` makes in this thread inside the ``with`` block, in the order made."""
+    made: list[Any] = []
+    stack = _made.__dict__.setdefault("stack", [])
+    stack.append(made)
+    try:
+        yield made
+    finally:
+        stack.remove(made)
+
+
+def unreached(ops: Sequence[Any]) -> list[Any]:
+    """Those of ``ops`` that a TF1 graph would never run: in a graph that is not a function's (a
+    ``tf.function`` runs every stateful op it holds), the ops whose outputs nothing consumes. A session
+    runs only what it fetches and what that depends on, so such a record must be made a control input
+    of something the script fetches."""
+    return [op for op in ops if not getattr(op.graph, "building_function", True)
+            and not any(out.consumers() for out in op.outputs)]
 
 
 def _mark(op: Any) -> None:

@@ -301,10 +301,27 @@ class NotAppliedRecord(_Record, total=False):
     error: str
 
 
+class FirstGradientRecord(_Record, total=False):
+    step: int
+    name: str  # an IndexedSlices gradient, fingerprinted the first time it is reduced (a comparison's runs)
+    rows: int  # this rank's rows
+    indices_digest: str  # the rows looked up: what the script's data decides
+    values_digest: str  # their values: what its data, sampling and initial parameters decide
+
+
+class FirstGradient(TypedDict):
+    """One rank's IndexedSlices gradient the first time it was reduced (summary ``first_gradients``)."""
+
+    step: int | None
+    rows: int | None
+    indices_digest: str | None
+    values_digest: str | None
+
+
 # Every record type a rank writes; those with a class above have their fields declared there.
 RECORD_TYPES = ("start", "choices", "collective", "collective_calls", "policy", "params_initial", "params_final",
                 "mem", "step", "distinct_rows", "reduction_check", "waiting", "killed", "own_work", "bookkeeping",
-                "terminated", "end", "replayed", "not_applied")
+                "terminated", "end", "replayed", "not_applied", "first_gradient")
 RECORD_CLASSES: dict[str, type] = {
     "start": StartRecord, "step": StepRecord, "mem": MemRecord, "collective": CollectiveRecord,
     "collective_calls": CollectiveCallsRecord, "policy": PolicyRecord, "distinct_rows": DistinctRowsRecord,
@@ -312,6 +329,7 @@ RECORD_CLASSES: dict[str, type] = {
     "own_work": OwnWorkRecord, "bookkeeping": BookkeepingRecord, "end": EndRecord,
     "choices": ChoicesRecord, "params_initial": ParamsInitialRecord, "params_final": ParamsFinalRecord,
     "terminated": TerminatedRecord, "replayed": ReplayedRecord, "not_applied": NotAppliedRecord,
+    "first_gradient": FirstGradientRecord,
 }
 # Record types whose fields are open: any a script passed (the rest have every field declared above).
 OPEN_RECORD_TYPES = frozenset({"choices"})
@@ -550,6 +568,7 @@ class RunSummary(TypedDict, total=False):
     changes_to_job: list[str]
     memory_environment: dict[str, Any]
     initial_params_digest: str | None
+    first_gradients: NotRequired[dict[str, dict[str, FirstGradient]]]  # by gradient, by rank
     final_params_digest: str | None
     steps_detail: list[StepDetail]
     consistency: Consistency

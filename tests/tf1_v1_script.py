@@ -12,6 +12,9 @@ every rank and step (seeded by rank, so that a run repeats). Two styles:
   with ``hvd.allreduce`` in the graph, ``MonitoredTrainingSession`` with ``hvd.BroadcastGlobalVariablesHook``
   and ``StopAtStepHook``.
 
+``--unseeded data`` draws the batches from an unseeded generator (the graph's seed stays: the same initial
+parameters every run); ``--unseeded all`` seeds nothing, as many scripts do.
+
 Rank 0 prints ``step K loss X`` every step, and in the session style ``final DIGEST`` of the trainable
 variables at the end.
 """
@@ -32,8 +35,8 @@ def batch_size(rng: random.Random) -> int:
     return rng.randint(32, 96)
 
 
-def session_style(steps: int) -> None:
-    rng = random.Random(17 + hvd.rank())
+def session_style(steps: int, seeded: bool) -> None:
+    rng = random.Random(17 + hvd.rank()) if seeded else random.Random()
     inputs = tf.placeholder(tf.int32, shape=[None])
     labels = tf.placeholder(tf.int32, shape=[None, 1])
     embeddings = tf.Variable(tf.random_uniform([VOCAB, WIDTH], -1.0, 1.0))
@@ -57,8 +60,8 @@ def session_style(steps: int) -> None:
         report(session.run(tf.trainable_variables()))
 
 
-def monitored_style(steps: int) -> None:
-    rng = np.random.RandomState(23 + hvd.rank())
+def monitored_style(steps: int, seeded: bool) -> None:
+    rng = np.random.RandomState(23 + hvd.rank() if seeded else None)
     ids = tf.placeholder(tf.int64, [None], name="ids")
     side_ids = tf.placeholder(tf.int64, [None], name="side_ids")
     target = tf.placeholder(tf.float32, [None], name="target")
@@ -97,11 +100,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--style", choices=("session", "monitored"), default="session")
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--unseeded", choices=("data", "all"))
     args = parser.parse_args()
     tf.disable_v2_behavior()
     hvd.init()
-    tf.set_random_seed(131)
-    (session_style if args.style == "session" else monitored_style)(args.steps)
+    if args.unseeded != "all":
+        tf.set_random_seed(131)
+    (session_style if args.style == "session" else monitored_style)(args.steps, args.unseeded is None)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import hashlib
 import inspect
 import os
 import re
@@ -94,12 +95,15 @@ class CollectiveHooks:
         fault: str | None = None,
         check_reduction: bool = False,
         initial_parameters: str | None = None,
+        fingerprint_gradients: bool = False,
     ) -> None:
         self.tracer = tracer
         self.initial_parameters = initial_parameters  # where to save the parameters before the first update
         self.world_size = world_size
         self.policy = DensifyPolicy(mode, margin, world_size, on_decision, fault)
         self.check_reduction = check_reduction
+        self.fingerprint_gradients = fingerprint_gradients
+        self._fingerprinted: set[str] = set()  # the gradients whose first_gradient record is written
         # the trainable variables the gradient hooks saw, by name; read where they can be read
         self.variables = ParameterCapture(self._failed)
         self._plain_allreduce: Callable | None = None
@@ -369,16 +373,25 @@ class CollectiveHooks:
                     self._capture(name, var)
                     origin = Origin(name, gradient=True, reduce_op=reduce_op, process_set_size=set_size)
                     if isinstance(grad, tf.IndexedSlices):
-                        if self.check_reduction:
-                            self._compare_reductions(name, grad, op, compression, process_set)
-                        if reduce_op in ("average", "sum") and self.policy.needs_run_time(grad, var, process_set, name):
+                        with graphcalls.collected() as made:
+                            if self.fingerprint_gradients:
+                                self._fingerprint(name, grad)
+                            if self.check_reduction:
+                                self._compare_reductions(name, grad, op, compression, process_set)
+                            run_time = (reduce_op in ("average", "sum")
+                                        and self.policy.needs_run_time(grad, var, process_set, name))
+                            if not run_time:
+                                grads[i], densified, merged = self._apply_policy(name, grad, var, script_densifies,
+                                                                                 process_set, reduce_op)
+                        # In a TF1 graph the records made here run only if what the script fetches waits for them.
+                        waiting = graphcalls.unreached(made)
+                        if run_time:
                             # Reduced below, by the path the first step's agreed rows choose.
-                            at_run_time[i] = (grad, var)
+                            at_run_time[i] = (_after_all(grad, waiting), var)
                             grads[i] = None
                             origins[i] = replace(origin, sparse=True)
                             continue
-                        grads[i], densified, merged = self._apply_policy(name, grad, var, script_densifies,
-                                                                         process_set, reduce_op)
+                        grads[i] = _after_all(grads[i], waiting)
                         origin = replace(origin, sparse=True, densified=densified, merged=merged)
                     origins[i] = origin
                 if not self._initial_recorded and self.variables:
@@ -484,6 +497,24 @@ class CollectiveHooks:
         host_call(emit, [tf.shape(grad.indices, out_type=tf.int64)[0], distinct_rows(grad.indices)],
                   name="memdiag_distinct_rows")
 
+    def _fingerprint(self, name: str, grad: tf.IndexedSlices) -> None:
+        """A ``first_gradient`` record of this rank's gradient ``name`` the first time it is reduced, before
+        any mode changes it: digests of its row indices and of its values. What a mode does to the
+        reduction cannot change them; the script's data, sampling and initial parameters do."""
+        def emit(indices: Any, values: Any) -> list[Any]:
+            if name not in self._fingerprinted:
+                self._fingerprinted.add(name)
+                self._guard("fingerprint a gradient", lambda: self.tracer.writer.add({
+                    "type": "first_gradient", "step": self.tracer.step, "name": name, "rows": int(len(indices)),
+                    "indices_digest": _digest(indices), "values_digest": _digest(values)}))
+            return []
+
+        if tf.executing_eagerly():
+            if name not in self._fingerprinted:
+                emit(grad.indices.numpy(), grad.values.numpy())
+            return
+        host_call(emit, [grad.indices, grad.values], name="memdiag_first_gradient")
+
     def _emit_distinct(self, name: str, rows: int, distinct: int, merge_s: float | None) -> None:
         self.tracer.writer.add({"type": "distinct_rows", "step": self.tracer.step, "name": name, "rows": rows,
                                 "distinct_rows": distinct, "merge_s": merge_s})
@@ -498,8 +529,10 @@ class CollectiveHooks:
                 origin = self._take_origin(arguments.get("name"), tensor, arguments)
                 if isinstance(tensor, tf.IndexedSlices) and not origin.gradient and _reducible(arguments):
                     # A script's own hvd.allreduce of an IndexedSlices: the policy applies as well.
-                    tensor, densified, merged = self._apply_policy(origin.name, tensor, None, False,
-                                                                   arguments.get("process_set"), count=False)
+                    with graphcalls.collected() as made:
+                        tensor, densified, merged = self._apply_policy(origin.name, tensor, None, False,
+                                                                       arguments.get("process_set"), count=False)
+                    tensor = _after_all(tensor, graphcalls.unreached(made))
                     origin = replace(origin, densified=densified, merged=merged)
                 sparse = isinstance(tensor, tf.IndexedSlices)
                 context = self._current([] if sparse else [origin], [origin] if sparse else [])
@@ -526,8 +559,11 @@ class CollectiveHooks:
                 for i, tensor in enumerate(tensors):
                     origin = self._take_origin(None, tensor, arguments)
                     if isinstance(tensor, tf.IndexedSlices) and not origin.gradient and _reducible(arguments):
-                        tensors[i], densified, merged = self._apply_policy(origin.name, tensor, None, False,
-                                                                           arguments.get("process_set"), count=False)
+                        with graphcalls.collected() as made:
+                            tensors[i], densified, merged = self._apply_policy(origin.name, tensor, None, False,
+                                                                               arguments.get("process_set"),
+                                                                               count=False)
+                        tensors[i] = _after_all(tensors[i], graphcalls.unreached(made))
                         origin = replace(origin, densified=densified, merged=merged)
                     (sparse if isinstance(tensors[i], tf.IndexedSlices) else dense).append(origin)
                 context = self._current(dense, sparse)
@@ -976,6 +1012,18 @@ def _after(output: Any, op: Any) -> Any:
         return tf.identity(output)
 
 
+def _after_all(grad: Any, ops: Sequence[Any]) -> Any:
+    """``grad`` (a tensor or an IndexedSlices) handed on through an identity that waits for ``ops``
+    (records a TF1 graph would otherwise never run: :func:`memdiag.graphcalls.unreached`); unchanged
+    when there are none."""
+    if not ops:
+        return grad
+    with tf.control_dependencies(list(ops)):
+        if isinstance(grad, tf.IndexedSlices):
+            return tf.IndexedSlices(tf.identity(grad.values), grad.indices, grad.dense_shape)
+        return tf.identity(grad)
+
+
 def _reducible(arguments: dict[str, Any]) -> bool:
     """Whether Horovod reduces an IndexedSlices with these arguments at all (Sum or Average; no
     pre/postscale): otherwise it raises, and memdiag leaves the call to it unchanged."""
@@ -1064,6 +1112,14 @@ def _rebind(signature: inspect.Signature | None, arguments: dict[str, Any], **ch
     assert signature is not None, "Horovod's _make_allreduce_grads_fn has a Python signature"
     values = {**arguments, **changes}
     return [values[name] for name in signature.parameters if name in values]
+
+
+def _digest(array: Any) -> str:
+    """An exact fingerprint of an array's dtype, shape and bytes."""
+    value = np.ascontiguousarray(array)
+    h = hashlib.blake2b(f"{value.dtype.str}{value.shape}".encode(), digest_size=12)
+    h.update(value.tobytes())
+    return h.hexdigest()
 
 
 def _now() -> np.float64:

@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                 on_decision=lambda d: writer.add({**d.as_record(), "step": tracer.step}),
                 fault=config.fault,
                 check_reduction=config.check_reduction,
+                fingerprint_gradients=config.fingerprint_gradients,
                 initial_parameters=os.path.join(spool, rundir.INITIAL_PARAMETERS) if rank == 0 else None,
             )
 

@@ -235,15 +235,14 @@ def _parameter_check(n: int, mode: str, reference_mode: str, ref_dir: str, run_d
     explaining a failure needs (:func:`optimizer_note`)."""
     base: ParameterCheck = {"world_size": n, "mode": mode, "against": reference_mode, "max_abs_diff": None,
                             "max_rel_diff": None, "loss_max_rel_diff": None, "variables": [], "passed": None}
-    if ref.get("initial_params_digest") and other.get("initial_params_digest") \
-            and ref["initial_params_digest"] != other["initial_params_digest"]:
+    varied = what_varied(ref, other)
+    if varied and varied[0] == INITIAL:
         # Different starting points say nothing about the reduction: the reduction check decides.
-        return {**base, "passed": None,
-                "note": "the script does not seed its initial parameters (they differ between runs): "
-                        "final parameters not compared"}
+        return {**base, "passed": None, "note": not_verifiable(reference_mode, mode, varied)}
     ref_params, params = os.path.join(ref_dir, rundir.PARAMETERS), os.path.join(run_dir, rundir.PARAMETERS)
     if not (os.path.exists(ref_params) and os.path.exists(params)):
-        return {**base, "passed": None, "note": "no parameters saved (no gradient reduction was seen)"}
+        return {**base, "passed": None,
+                "note": "no parameters saved (no gradient reduction was seen, or its variables could not be read)"}
     initial_path = os.path.join(ref_dir, rundir.INITIAL_PARAMETERS)
     initial = verify.load_parameters(initial_path) if os.path.exists(initial_path) else None
     terms = most_terms(ref, n)
@@ -251,6 +250,10 @@ def _parameter_check(n: int, mode: str, reference_mode: str, ref_dir: str, run_d
                                       initial=initial, terms=terms)
     losses = verify.compare_losses(_losses(ref), _losses(other))
     passed = all(d.passed for d in diffs) and losses <= verify.RTOL
+    if not passed and varied:
+        # The runs parted before any reduction: their final parameters cannot show what the reduction did.
+        apart = max((d.max_abs_diff for d in diffs), default=0.0)
+        return {**base, "passed": None, "note": not_verifiable(reference_mode, mode, varied, apart)}
     keras = str((other.get("versions") or {}).get("keras") or "")
     if not passed and keras.startswith("3.") and "dense" in (mode, reference_mode):
         # A failure is still a failure; the note says why only where this run's measurements support it.
@@ -263,6 +266,44 @@ def _parameter_check(n: int, mode: str, reference_mode: str, ref_dir: str, run_d
             "loss_max_rel_diff": losses, "variables": [cast(VariableCheck, dict(d.__dict__)) for d in diffs],
             "terms": terms if initial is not None else None,
             "update_allowance": verify.update_allowance(terms) if initial is not None else None}
+
+
+INITIAL = "the initial parameters"
+
+
+def what_varied(a: RunSummary, b: RunSummary) -> list[str]:
+    """What differed between two runs of one script before any reduction could make them differ, as
+    their records show: the initial parameters (:data:`INITIAL`, first when it is there), and each
+    IndexedSlices gradient the first time it was reduced, on any rank (its rows: the data; its values with
+    the same rows: sampling, or parameters memdiag could not read). A mode cannot change any of them; the
+    script's own randomness can. Empty when nothing differed or nothing was recorded to tell."""
+    varied = []
+    if a.get("initial_params_digest") and b.get("initial_params_digest") \
+            and a["initial_params_digest"] != b["initial_params_digest"]:
+        varied.append(INITIAL)
+    rows, values = [], []
+    first_a, first_b = a.get("first_gradients") or {}, b.get("first_gradients") or {}
+    for name in sorted(set(first_a) & set(first_b)):
+        ranks = sorted(set(first_a[name]) & set(first_b[name]), key=int)
+        if any(first_a[name][r]["indices_digest"] != first_b[name][r]["indices_digest"] for r in ranks):
+            rows.append(name)
+        elif any(first_a[name][r]["values_digest"] != first_b[name][r]["values_digest"] for r in ranks):
+            values.append(name)
+    if rows:
+        varied.append(f"the rows the first step looked up (the data) in {', '.join(rows)}")
+    if values:
+        varied.append(f"the first step's gradient values over the same rows (sampling, or a random "
+                      f"initialisation memdiag could not read) of {', '.join(values)}")
+    return varied
+
+
+def not_verifiable(reference_mode: str, mode: str, varied: Sequence[str], apart: float | None = None) -> str:
+    """Why a parameter check cannot decide: ``varied`` (:func:`what_varied`) differed between the runs of
+    ``reference_mode`` and ``mode`` before any reduction; ``apart``: their final parameters' distance."""
+    distance = "" if apart is None else f" are {apart:.3g} apart, and"
+    return (f"not verifiable from the final parameters: the runs of {reference_mode} and {mode}{distance} "
+            f"differ before any reduction, in {'; in '.join(varied)}: the script is not deterministic. Seed "
+            "TensorFlow, NumPy and Python's random to compare them")
 
 
 def optimizer_note(keras: str, diffs: Sequence[verify.VariableDiff], reduction: ReductionResult | None) -> str | None:
@@ -310,8 +351,14 @@ def rank_order_check(check: ParameterCheck, ref_dir: str, ref: RunSummary, order
     to this job's parameters, and a difference between modes within it is within that noise. Both
     are per variable, the losses too. A wrong reduction stays failed: its re-run is as wrong, so
     the two runs of the mode agree with each other and not with the reference."""
+    order_summary = load_summary(order_dir)
+    varied = what_varied(run, order_summary)
+    if varied:
+        # The two runs of the mode parted before any reduction: their distance is not the summation order's.
+        return {**check, "passed": None, "as_run_passed": False,
+                "note": not_verifiable(check["mode"], f"{check['mode']} again", varied)}
     order = _parameter_check(check["world_size"], check["mode"], check["against"], ref_dir, order_dir,
-                             ref, load_summary(order_dir))
+                             ref, order_summary)
     if order["passed"] is None:
         return check
     look = _second_look(order, order_dir)
@@ -419,8 +466,11 @@ def correctness(run_dirs: dict[tuple[int, str], str], summaries: dict[tuple[int,
     verdicts = [c["passed"] for c in checks] + [ranks_identical] + [None if reduction is None else reduction["passed"]]
     known = [v for v in verdicts if v is not None]
     compared = [c for c in checks if c["passed"] is not None]
+    # A pass needs evidence that the modes train alike: a parameter check that compared, or the reduction
+    # check. Ranks that agree with each other say nothing about the modes.
+    evidence = bool(compared) or (reduction is not None and reduction["passed"] is not None)
     return {
-        "passed": None if not known else all(known),
+        "passed": None if not known or (all(known) and not evidence) else all(known),
         "max_abs_diff": max((c["max_abs_diff"] or 0.0 for c in compared), default=None),
         "max_rel_diff": max((c["max_rel_diff"] or 0.0 for c in compared), default=None),
         "rtol": verify.RTOL,

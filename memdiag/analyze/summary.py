@@ -23,6 +23,7 @@ from memdiag.schema import (
     Consistency,
     DistinctRowsRecord,
     DistinctRowsSummary,
+    FirstGradient,
     PaddingSummary,
     PolicySummary,
     RankSummary,
@@ -601,6 +602,13 @@ def summarize(run: Run) -> RunSummary:
     params = {kind: {r: rec.get("digest") for r, records in run.ranks.items()
                      for rec in records.other if rec.get("type") == kind}
               for kind in ("params_initial", "params_final")}
+    first_gradients: dict[str, dict[str, FirstGradient]] = {}
+    for r, records in sorted(run.ranks.items()):
+        for rec in records.other:
+            if rec.get("type") == "first_gradient":
+                first_gradients.setdefault(str(rec["name"]), {}).setdefault(str(r), {
+                    "step": rec.get("step"), "rows": rec.get("rows"), "indices_digest": rec.get("indices_digest"),
+                    "values_digest": rec.get("values_digest")})
     summary: RunSummary = {
         "format": rundir.SUMMARY_FORMAT,
         "workload": m.get("workload"),
@@ -633,6 +641,9 @@ def summarize(run: Run) -> RunSummary:
         "memory_environment": m.get("memory_environment", {}),
         "initial_params_digest": params["params_initial"].get(0),
         "final_params_digest": params["params_final"].get(0),
+        # a comparison's runs: each IndexedSlices gradient the first time it was reduced, per rank, before any
+        # mode changed it (what tells the script's own randomness from a mode's effect)
+        "first_gradients": dict(sorted(first_gradients.items())),
         "steps_detail": steps,
         "consistency": consistency,
         "reduction_checks": checks,

@@ -44,6 +44,8 @@ class RunRequest:
     # Open MPI's allreduce forced to its linear algorithm, which sums the ranks' buffers in rank order
     # (a comparison's second look at a parameter check that failed: verify-order-nN-MODE)
     rank_order_allreduce: bool = False
+    # a comparison's runs: fingerprint each IndexedSlices gradient the first time it is reduced
+    fingerprint_gradients: bool = False
 
     def __post_init__(self) -> None:
         if self.mode is None:
@@ -187,6 +189,7 @@ def agent_config(request: RunRequest, run_id: str, run_dir: str) -> AgentConfig:
         engine=request.engine,
         agree_until=agreement.run_deadline(options.timeout_s),
         record_every_s=options.record_every_s or 0.0,
+        fingerprint_gradients=request.fingerprint_gradients,
     )
 
 

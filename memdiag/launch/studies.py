@@ -89,7 +89,8 @@ class CompareRequest:
                             f"{', '.join(other)}; for {other[0]} use --engine {HOROVOD}")
 
     def run_request(self, world_size: int, mode: str, out: str, engine: str = HOROVOD) -> RunRequest:
-        return RunRequest(self.target, world_size, mode, self.options, out=out, fault=self.fault, engine=engine)
+        return RunRequest(self.target, world_size, mode, self.options, out=out, fault=self.fault, engine=engine,
+                          fingerprint_gradients=True)
 
     def check_request(self, world_size: int, out: str, engine: str = HOROVOD) -> RunRequest:
         """The verification run: every IndexedSlices gradient reduced both ways and compared, one step.
@@ -100,7 +101,7 @@ class CompareRequest:
         # A script runs as written (its op, compression, process set).
         mode = AS_WRITTEN if is_script(self.target) else "sparse"
         return RunRequest(self.target, world_size, mode, options, out=out, fault=self.fault, check_reduction=True,
-                          engine=engine)
+                          engine=engine, fingerprint_gradients=True)
 
 
 def run_compare(request: CompareRequest, console: Console) -> Comparison | EnginesComparison:

@@ -119,19 +119,25 @@ def environment_notes(result: Comparison | EnginesComparison, text: Text) -> Non
 def correctness_text(result: Comparison, text: Text) -> None:
     """The correctness result of one engine's comparison, appended to ``text``."""
     c = result["correctness"]
-    if c["passed"] is None:
+    reduction = c.get("reduction")
+    if c["passed"] is None and not c["checks"] and (reduction is None or reduction["passed"] is None):
         text.append("Correctness: not checked (needs a sparse run beside another mode).\n", style="yellow")
     else:
-        style = "bold green" if c["passed"] else "bold red"
-        word = "PASSED" if c["passed"] else "FAILED"
-        text.append(f"Correctness {word}: ", style=style)
-        text.append(f"max |diff| {_num(c['max_abs_diff'])}, max relative {_num(c['max_rel_diff'])} "
-                    f"(tolerance rtol {c['rtol']:g}, atol {c['atol']:g}")
-        if c.get("update_allowance"):
-            text.append(f", + {c['update_allowance']:.2g} of each variable's largest update: float rounding's "
-                        f"share for sums of up to {c['terms_max']} numbers")
-        text.append("); ")
-        reduction = c.get("reduction")
+        if c["passed"] is None:
+            text.append("Correctness not decided: ", style="bold yellow")
+        else:
+            style = "bold green" if c["passed"] else "bold red"
+            word = "PASSED" if c["passed"] else "FAILED"
+            text.append(f"Correctness {word}: ", style=style)
+        if c["max_abs_diff"] is not None:
+            text.append(f"max |diff| {_num(c['max_abs_diff'])}, max relative {_num(c['max_rel_diff'])} "
+                        f"(tolerance rtol {c['rtol']:g}, atol {c['atol']:g}")
+            if c.get("update_allowance"):
+                text.append(f", + {c['update_allowance']:.2g} of each variable's largest update: float "
+                            f"rounding's share for sums of up to {c['terms_max']} numbers")
+            text.append("); ")
+        elif c["checks"]:
+            text.append("final parameters not compared (below); ")
         if reduction and reduction.get("failed_run"):
             text.append(f"reduction check did not finish (verification run: {reduction['failed_run']}; see its "
                         "mpirun.log); ", style="bold red")
