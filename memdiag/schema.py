@@ -61,6 +61,8 @@ class StepRecord(_Record, total=False):
     collective_rise_bytes: int  # and inside it
     peak_phase: str | None  # the phase that raised RSS most, or held
     collective_live_peak_bytes: int
+    # the analysis's: what the collectives add beyond the inputs they replace (gathered outputs, quotient)
+    collective_added_peak_bytes: int
     loss: float
     items: int
     param_digest: str
@@ -398,6 +400,7 @@ class SteadyFigures(PhaseFigures):
     first_step_peak_rss_bytes: int | None
     steady_peak_rss_bytes: int | None
     collective_live_peak_bytes: int | None
+    collective_added_peak_bytes: int | None  # of them, what adds to the step beyond the inputs they replace
     tail_peak_rss_bytes: int | None  # a script's last step, which runs on to the script's end
 
 
@@ -422,6 +425,7 @@ class RankSummary(TypedDict, total=False):
     compute_peak_rss_bytes: int | None
     collective_peak_rss_bytes: int | None
     collective_live_peak_bytes: int | None
+    collective_added_peak_bytes: int | None
     compute_rise_bytes: int | None
     collective_rise_bytes: int | None
     peak_phase: str | None

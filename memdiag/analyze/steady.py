@@ -86,7 +86,7 @@ def steady_figures(steps: Sequence[StepRecord], memory: Sequence[MemRecord] | No
         "steady": None, "steady_from_step": None, "first_step_peak_rss_bytes": None,
         "steady_peak_rss_bytes": None, "compute_peak_rss_bytes": None, "collective_peak_rss_bytes": None,
         "collective_rise_bytes": None, "compute_rise_bytes": None, "peak_phase": None,
-        "collective_live_peak_bytes": None,
+        "collective_live_peak_bytes": None, "collective_added_peak_bytes": None,
         "tail_peak_rss_bytes": tail[-1]["peak_rss_bytes"] if tail else None}
     if not steps:
         return figures
@@ -94,15 +94,39 @@ def steady_figures(steps: Sequence[StepRecord], memory: Sequence[MemRecord] | No
     window = steps[start:]
     steady_peak = max(s["peak_rss_bytes"] for s in window)
     lives = [s["collective_live_peak_bytes"] for s in window if s.get("collective_live_peak_bytes") is not None]
+    held = max(lives) if lives else None
+    adds = [s["collective_added_peak_bytes"] for s in window if s.get("collective_added_peak_bytes") is not None]
+    added = max(adds) if adds else None
+    phases = _phases(steps, window, memory or [], steady_peak)
+    phases["peak_phase"] = held_phase(phases, steady_peak, added)
     return {
         "steady": settled,
         "steady_from_step": window[0]["step"],
         "first_step_peak_rss_bytes": steps[0]["peak_rss_bytes"],
         "steady_peak_rss_bytes": steady_peak,
-        "collective_live_peak_bytes": max(lives) if lives else None,
+        "collective_live_peak_bytes": held,
+        "collective_added_peak_bytes": added,
         "tail_peak_rss_bytes": figures["tail_peak_rss_bytes"],
-        **_phases(steps, window, memory or [], steady_peak),
+        **phases,
     }
+
+
+def held_phase(phases: PhaseFigures, steady_peak: int, added: int | None) -> str | None:
+    """Which phase set the peak, by what is held at it. The collectives set it when the peak stands more than
+    1% above the compute peak (the RSS when the first gradient reduction started) and what they add to
+    the step (``added``: the gathered outputs and quotient alive at once, modelled from the records; an
+    allreduce's output replaces the gradient it reduces) is more than 1% of the rest of the peak: without
+    it the peak would stand lower. Memory that grew while a collective ran is not memory a collective
+    holds: inside a ``tf.function`` the reductions run while the backward pass goes on, and the backward
+    pass's tensors grow RSS in the collectives' windows. Without the model (no records of outputs), the
+    phase the rises fell in decides, as :func:`_phases` found it."""
+    compute = phases["compute_peak_rss_bytes"]
+    if added is None or compute is None or phases["peak_phase"] is None:
+        return phases["peak_phase"]
+    if phases["collective_peak_rss_bytes"] is None and not phases["collective_rise_bytes"]:
+        return "compute"  # no gradient reduction ran in a window
+    pushed = steady_peak > compute * (1 + REGIME_TOLERANCE)
+    return "collectives" if pushed and added > REGIME_TOLERANCE * (steady_peak - added) else "compute"
 
 
 def _phases(steps: Sequence[StepRecord], window: Sequence[StepRecord], memory: Sequence[MemRecord],

@@ -51,17 +51,19 @@ def typical_step_time(steps: Sequence[StepRecord]) -> float | None:
     return statistics.median(times) if times else None
 
 
-def rank_summary(records: RankRecords, live: dict[int, int] | None = None) -> RankSummary:
+def rank_summary(records: RankRecords, live: dict[int, _LiveStep] | None = None) -> RankSummary:
     """One rank's figures. ``live``: its collective outputs alive at once per step, by the analysis's
-    model (:func:`live_collective_bytes`); they replace the figure the rank wrote, which counted a
-    name's allgathers as one tensor and grouped ones one at a time."""
+    model (:func:`live_steps`); they replace the figure the rank wrote, which counted a name's allgathers
+    as one tensor and grouped ones one at a time."""
     steps = _training_steps(records)
     if live is None:
-        live, _ = live_collective_bytes(_log(records.collectives))
+        live, _ = live_steps(_log(records.collectives))
     if live:
         steps = [s.copy() for s in steps]
         for s in steps:
-            s["collective_live_peak_bytes"] = live.get(s["step"], 0)
+            found = live.get(s["step"])
+            s["collective_live_peak_bytes"] = found.live_bytes if found else 0
+            s["collective_added_peak_bytes"] = found.added_bytes if found else 0
     step_ids = {s["step"] for s in steps}
     per_op = _bytes_per_op(records.collectives, step_ids)
     n = max(1, len(step_ids))
@@ -178,12 +180,26 @@ class _LiveStep:
 
     @property
     def live_bytes(self) -> int:
-        return self.other + max((u[0] for u in self.units), default=0) + max((u[1] for u in self.units), default=0)
+        return self.other + self.added_bytes
+
+    @property
+    def added_bytes(self) -> int:
+        """What the collectives add to what the step holds: the gathered outputs and the quotient alive at
+        once. Every other output (an allreduce's, a broadcast's) replaces an input as large, which its
+        consumer frees."""
+        return max((u[0] for u in self.units), default=0) + max((u[1] for u in self.units), default=0)
 
 
 def live_collective_bytes(log: CollectiveLog) -> tuple[dict[int, int], list[list[str]]]:
     """Per training step of one rank, the collective outputs alive at once by :class:`_LiveStep`'s model;
     and the sets of tensors whose allgathers were alive together (grouped calls, more than one tensor)."""
+    steps, groups = live_steps(log)
+    return {s: live.live_bytes for s, live in steps.items()}, groups
+
+
+def live_steps(log: CollectiveLog) -> tuple[dict[int, _LiveStep], list[list[str]]]:
+    """Per training step of one rank, its :class:`_LiveStep`; and the sets of tensors whose allgathers were
+    alive together (grouped calls, more than one tensor)."""
     kind, step, _, bytes_out = log.columns()
     whole = dict(log.whole())
     steps: dict[int, _LiveStep] = {}
@@ -195,7 +211,7 @@ def live_collective_bytes(log: CollectiveLog) -> tuple[dict[int, int], list[list
             continue
         steps.setdefault(s, _LiveStep()).add(c, b)
     groups = sorted({tuple(sorted(names)) for live in steps.values() for names in live.names if len(names) > 1})
-    return {s: live.live_bytes for s, live in steps.items()}, [list(g) for g in groups]
+    return steps, [list(g) for g in groups]
 
 
 @dataclass
@@ -550,7 +566,7 @@ def step_summary(run: Run) -> tuple[list[StepDetail], Consistency]:
 
 def summarize(run: Run) -> RunSummary:
     m = run.manifest
-    lives = {r: live_collective_bytes(_log(run.ranks[r].collectives)) for r in sorted(run.ranks)}
+    lives = {r: live_steps(_log(run.ranks[r].collectives)) for r in sorted(run.ranks)}
     ranks = [rank_summary(run.ranks[r], lives[r][0]) for r in sorted(run.ranks)]
     steps, consistency = step_summary(run)
     items = [s["items"] for r in run.ranks.values() for s in _training_steps(r) if s.get("items")]

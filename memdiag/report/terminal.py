@@ -13,7 +13,14 @@ from rich.panel import Panel
 from rich.text import Text
 
 from memdiag.report._fit import Column, FitTable
-from memdiag.schema import CollectiveSummary, DistinctRowsSummary, ModeApplied, PolicySummary, RunSummary
+from memdiag.schema import (
+    CollectiveSummary,
+    DistinctRowsSummary,
+    ModeApplied,
+    PolicySummary,
+    RankSummary,
+    RunSummary,
+)
 from memdiag.units import format_bytes
 
 MAX_TENSOR_ROWS = 12
@@ -273,14 +280,49 @@ def memory_text(summary: RunSummary) -> Text:
     if top["collective_peak_rss_bytes"] is None and not top["collective_rise_bytes"]:
         text.append("No gradient reduction ran: compute set the peak.\n")
         return text
-    setter = "the collectives (gathered and reduced buffers)" if top["peak_phase"] == "collectives" \
-        else "compute (model, activations, graph)"
-    text.append(f"Set by {setter}: RSS was {format_bytes(top['compute_peak_rss_bytes'])} when the first gradient "
-                f"reduction started; collective windows then added {format_bytes(top['collective_rise_bytes'])} "
-                f"and compute {format_bytes(top['compute_rise_bytes'])}. Collective outputs alive at once "
-                f"(modelled from the records: {LIVE_ASSUMPTION}): "
-                f"{format_bytes(top['collective_live_peak_bytes'])} per step.\n")
+    text.append(peak_cause(top, summary.get("attribution")) + "\n")
     return text
+
+
+def peak_cause(top: RankSummary, attribution: dict[str, Any] | None = None) -> str:
+    """What set a rank's steady peak, by what is held at it (memdiag.analyze.steady.held_phase), then when
+    RSS grew, which is not the same thing; with ``attribution`` (memray's groups at the rank's peak), what
+    Horovod's buffers held there, measured."""
+    compute, peak = top["compute_peak_rss_bytes"], top["steady_peak_rss_bytes"]
+    held, added = top.get("collective_live_peak_bytes"), top.get("collective_added_peak_bytes")
+    when = (f"RSS grew {format_bytes(top['collective_rise_bytes'])} while collectives ran and "
+            f"{format_bytes(top['compute_rise_bytes'])} outside them")
+    measured = _horovod_at_peak(attribution, top["rank"])
+    if held is None or added is None or compute is None or peak is None:
+        setter = "the collectives (gathered and reduced buffers)" if top["peak_phase"] == "collectives" \
+            else "compute (model, activations, graph)"
+        return (f"Set by {setter}, by when RSS grew (no record of the collectives' outputs): RSS was "
+                f"{format_bytes(compute)} when the first gradient reduction started; {when}.{measured}")
+    model = (f"modelled from the records: {LIVE_ASSUMPTION}; Horovod's fusion buffer, up to "
+             "HOROVOD_FUSION_THRESHOLD (128 MiB by default), is not in the model"
+             + ("" if measured else ": --memray measures it"))
+    if top["peak_phase"] == "collectives":
+        return (f"Set by the collectives (gathered buffers): the gathered outputs and quotient alive at once add "
+                f"{format_bytes(added)} to the {format_bytes(peak - added)} the step holds besides "
+                f"({format_bytes(held)} of collective outputs in all; {model}). RSS was {format_bytes(compute)} "
+                f"when the first gradient reduction started; {when}.{measured}")
+    return (f"Set by compute (the backward pass, activations, model); collectives held {format_bytes(held)} of "
+            f"it, of which {format_bytes(added)} beyond the gradients they replace ({model}). RSS was "
+            f"{format_bytes(compute)} when the first gradient reduction started; {when}: reductions that "
+            f"overlap the backward pass share its time, not its memory.{measured}")
+
+
+def _horovod_at_peak(attribution: dict[str, Any] | None, rank: int) -> str:
+    """memray's figure of what Horovod's buffers held at ``rank``'s peak, as a sentence ('' without it)."""
+    from memdiag.analyze.attribution import ALLGATHER, ALLREDUCE
+
+    found = next((r for r in (attribution or {}).get("ranks", []) if r.get("rank") == rank), None)
+    if found is None:
+        return ""
+    groups = {g["group"]: g["bytes"] for g in found.get("groups", [])}
+    return (f" memray at this rank's peak: Horovod's allgather outputs {format_bytes(groups.get(ALLGATHER, 0))}, its "
+            f"allreduce and fusion buffers {format_bytes(groups.get(ALLREDUCE, 0))} (allocated, of "
+            f"{format_bytes(found['peak_bytes'])} memray saw).")
 
 
 _REDUCTION_WORDS = {"sparse": "an allgather", "dense": "a dense allreduce", "dedup": "a merged allgather"}

@@ -18,31 +18,52 @@ def test_the_design_notes_rising_runs_are_not_steady():
     assert steady_start([1080, 1099, 1223, 1230, 1228, 1228]) == (2, True)
 
 
-def _step(k, peak, start=None, end=None):
+def _step(k, peak, start=None, end=None, live=64, added=None):
     return {"step": k, "peak_rss_bytes": peak * MiB, "window_start": start, "window_end": end,
-            "collective_live_peak_bytes": 64 * MiB}
+            "collective_live_peak_bytes": live * MiB, "collective_added_peak_bytes": (live if added is None else added) * MiB}
 
 
 def _mem(step, pairs):
     return {"step": step, "times": [t for t, _ in pairs], "rss": [r * MiB for _, r in pairs]}
 
 
+MEMORY = [_mem(-1, [(0.0, 500), (0.5, 900)]),
+          _mem(0, [(1.0, 1000), (1.6, 1100), (1.9, 1200), (2.5, 1200)]),
+          _mem(1, [(3.0, 1205), (3.6, 1205)]), _mem(2, [(5.0, 1206), (5.6, 1206)])]
+
+
+def _windows(live, added=None):
+    return [_step(0, 1200, 1.5, 2.0, live, added), _step(1, 1205, 3.5, 4.0, live, added),
+            _step(2, 1206, 5.5, 6.0, live, added)]
+
+
 def test_gathered_buffers_that_push_rss_past_the_compute_peak_set_it():
     # GIVEN a rank that needed 1000 MiB before its first gradient reduction (t=1.5), whose collective
-    # windows (1.5-2.0, 3.5-4.0) then pushed RSS to 1200 MiB, and whose compute added 5 MiB more
-    steps = [_step(0, 1200, 1.5, 2.0), _step(1, 1205, 3.5, 4.0), _step(2, 1206, 5.5, 6.0)]
-    memory = [_mem(-1, [(0.0, 500), (0.5, 900)]),
-              _mem(0, [(1.0, 1000), (1.6, 1100), (1.9, 1200), (2.5, 1200)]),
-              _mem(1, [(3.0, 1205), (3.6, 1205)]), _mem(2, [(5.0, 1206), (5.6, 1206)])]
-    figures = steady_figures(steps, memory)
+    # windows (1.5-2.0, 3.5-4.0) then pushed RSS to 1200 MiB, and whose compute added 5 MiB more, with
+    # 190 MiB of gathered outputs alive at once
+    figures = steady_figures(_windows(190), MEMORY)
     # THEN the steady state starts at step 0 (1200, 1205, 1206 lie within 1%, with a trend of 3 MiB a
     # step x 3 steps, within 1% of 1200 MiB), the first step is apart,
-    # and the collectives set the peak: +200 MiB in windows against +6 MiB in compute
+    # and the collectives set the peak: without the 190 MiB they add, it would stand lower
     assert figures["steady"] is True and figures["steady_from_step"] == 0
     assert figures["first_step_peak_rss_bytes"] == 1200 * MiB and figures["steady_peak_rss_bytes"] == 1206 * MiB
     assert figures["compute_peak_rss_bytes"] == 1000 * MiB
     assert figures["collective_rise_bytes"] == 200 * MiB and figures["compute_rise_bytes"] == 6 * MiB
     assert figures["peak_phase"] == "collectives"
+    # down to 1% of the rest of the peak: 12 MiB > 1% of 1194 MiB, 11 MiB < 1% of 1195 MiB
+    assert steady_figures(_windows(12), MEMORY)["peak_phase"] == "collectives"
+    assert steady_figures(_windows(11), MEMORY)["peak_phase"] == "compute"
+
+
+def test_memory_that_grows_while_collectives_run_but_that_they_do_not_hold_is_computes():
+    # GIVEN the same RSS, all of its rise inside the collective windows (a tf.function step whose
+    # reductions overlap its backward pass), and 13.5 MiB of allreduce outputs alive at once, each the
+    # size of the gradient it replaces: the collectives add nothing
+    figures = steady_figures(_windows(13.5, added=0), MEMORY)
+    # THEN the time says collectives (+200 MiB in their windows), what is held says compute
+    assert figures["collective_rise_bytes"] == 200 * MiB and figures["compute_rise_bytes"] == 6 * MiB
+    assert figures["peak_phase"] == "compute" and figures["collective_live_peak_bytes"] == 13.5 * MiB
+    assert figures["collective_added_peak_bytes"] == 0
 
 
 def test_gathered_buffers_that_fit_under_the_compute_peak_leave_it_to_compute():
