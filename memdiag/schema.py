@@ -642,6 +642,17 @@ class GrowthTensor(TypedDict):
     dedup: NotRequired[MergedTensor]
 
 
+class GrowthSegment(TypedDict):
+    """Sparse's growth between two rank counts of a comparison against k x the formula (``sparse_segments``)."""
+
+    from_world_size: int
+    to_world_size: int
+    measured_bytes_per_rank: float  # steady peak (median of repeats) per added rank
+    predicted_bytes_per_rank: float  # k x the formula's gathered bytes per added rank
+    unexplained_bytes_per_rank: float  # measured - predicted
+    beyond_noise: bool | None  # the gap over the segment beyond the noise figure (None: no noise figure)
+
+
 class Physics(TypedDict, total=False):
     """The figures of a comparison's verdict (``compare.json`` ``physics``; memdiag.analyze.compare.physics)."""
 
@@ -650,6 +661,7 @@ class Physics(TypedDict, total=False):
     sparse_growth_bytes_per_rank: float | None  # fitted from the rows' steady peaks
     predicted_rss_growth_bytes_per_rank: float | None  # k x the formula's growth
     sparse_growth_within_noise: bool | None
+    sparse_segments: NotRequired[list[GrowthSegment]]
     sparse_live_growth_bytes_per_rank: float | None  # modelled: the live collective outputs
     dense_change: float | None
     dense_peak_bytes: float | None

@@ -33,6 +33,7 @@ from memdiag.schema import (
     EngineRow,
     EnginesComparison,
     EnginesVerdict,
+    GrowthSegment,
     GrowthTensor,
     ParameterCheck,
     Physics,
@@ -635,12 +636,24 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
     growth_within_noise = None
     if sparse_growth is not None and predicted_rss is not None and noise_bytes is not None and len(fitted) >= 2:
         growth_within_noise = abs(sparse_growth - predicted_rss) * (fitted[-1] - fitted[0]) <= noise_bytes
+    segments: list[GrowthSegment] = []
+    for a, b in zip(fitted, fitted[1:]):
+        low, high = peak(a, "sparse"), peak(b, "sparse")
+        if low is None or high is None or predicted_rss is None:
+            continue
+        measured = (high - low) / (b - a)
+        gap = (measured - predicted_rss) * (b - a)  # what the model leaves over the segment
+        segments.append({"from_world_size": a, "to_world_size": b, "measured_bytes_per_rank": measured,
+                         "predicted_bytes_per_rank": predicted_rss, "unexplained_bytes_per_rank": measured - predicted_rss,
+                         "beyond_noise": None if noise_bytes is None else bool(abs(gap) > noise_bytes)})
     return {
         "largest_world_size": largest,
         "cost_per_gathered_byte": k,
         "sparse_growth_bytes_per_rank": sparse_growth,
         "predicted_rss_growth_bytes_per_rank": predicted_rss,
         "sparse_growth_within_noise": growth_within_noise,
+        # between each two rank counts fitted: the growth measured against k x the formula's
+        "sparse_segments": segments,
         "sparse_live_growth_bytes_per_rank": (result.get("live_growth_bytes_per_rank") or {}).get("sparse"),
         "dense_change": None if not dense_low or dense_high is None else (dense_high - dense_low) / dense_low,
         "dense_peak_bytes": dense_high if dense_high is not None else peak(largest, "dense"),

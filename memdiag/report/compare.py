@@ -28,7 +28,8 @@ def compare_table(result: Comparison) -> FitTable:
     title = "Per rank count and mode (max over ranks, steady state" + (", median of repeats)" if repeated else ")")
     table = FitTable(columns, title=title)
     for row in result["rows"]:
-        cells = [str(row["world_size"]), row["mode"], format_bytes(row["steady_peak_rss_bytes_median"])]
+        unsettled = " *" if row.get("steady") is False else ""
+        cells = [str(row["world_size"]), row["mode"], format_bytes(row["steady_peak_rss_bytes_median"]) + unsettled]
         if repeated:
             cells.append("-" if row.get("peak_spread_bytes") is None else format_bytes(row["peak_spread_bytes"]))
         cells += [row.get("peak_phase") or "-",
@@ -204,8 +205,10 @@ def physics_parts(p: Physics) -> list[str]:
         if predicted:
             part += (f" (k x formula: {_signed(predicted)}, k = {p['cost_per_gathered_byte']:.2f}; "
                      f"measured/predicted {growth / predicted:.2f}")
-            if p.get("sparse_growth_within_noise") is not None:
-                part += ", within noise" if p["sparse_growth_within_noise"] else ", beyond noise"
+            within = p.get("sparse_growth_within_noise")
+            if within is not None:
+                against = "noise" if p.get("noise_source") == "repeats" else "the spread between one run's ranks"
+                part += f", within {against}" if within else f", beyond {against}"
             part += ")"
         if p.get("sparse_live_growth_bytes_per_rank") is not None:
             part += (f"; its live collective buffers {_signed(p['sparse_live_growth_bytes_per_rank'])} (modelled "
@@ -249,6 +252,38 @@ def physics_parts(p: Physics) -> list[str]:
     return parts
 
 
+def segments_text(p: Physics) -> str:
+    """Sparse's growth between each two rank counts against k x the formula, and what the model leaves:
+    "unexplained" only where repeats show the gap beyond run-to-run noise; from one run, the gap and
+    what it would take to tell."""
+    segments = p.get("sparse_segments") or []
+    if len(segments) < 2 and not any(s["beyond_noise"] for s in segments):
+        return ""
+    repeats = p.get("noise_source") == "repeats"
+    phases = (p.get("phases") or {}).get("sparse", {})
+    shown = []
+    for s in segments:
+        span = f"N={s['from_world_size']} to {s['to_world_size']}"
+        clause = (f"{span}: {_signed(s['measured_bytes_per_rank'])} per added rank, the model "
+                  f"{_signed(s['predicted_bytes_per_rank'])}")
+        if s["unexplained_bytes_per_rank"] < 0 and phases.get(str(s["from_world_size"])) == "compute":
+            # the two regimes: the gathered buffers hid under the compute peak at the lower rank count
+            clause += f" (at N={s['from_world_size']} compute set the peak, and the gathered buffers fit under it)"
+        elif repeats and s["beyond_noise"]:
+            clause += (f"; unexplained: {_signed(s['unexplained_bytes_per_rank'])} per added rank between "
+                       f"N={s['from_world_size']} and N={s['to_world_size']}, beyond run-to-run noise")
+        elif repeats and s["beyond_noise"] is False:
+            clause += ", within run-to-run noise"
+        else:
+            clause += f" ({_signed(s['unexplained_bytes_per_rank'])} apart)"
+        shown.append(clause)
+    text = "Sparse growth by segment: " + "; ".join(shown) + "."
+    if not repeats:
+        text += (" One run per configuration: whether a gap repeats, and so is the model's to explain, needs "
+                 "--repeats 3.")
+    return text
+
+
 def noise_phrase(noise: float | None, source: str | None, whose: str = "") -> str:
     """What the noise figure is, after a verdict; ``whose`` names where it comes from."""
     if noise is None:
@@ -269,6 +304,9 @@ def physics_verdict(result: Comparison) -> Text:
     if parts:
         text.append("; ".join(parts) + ".", style="bold")
         text.append(" " + noise_phrase(p.get("noise_bytes"), p.get("noise_source")) + "\n")
+    segments = segments_text(p)
+    if segments:
+        text.append(segments + "\n")
     for mode, phases in (p.get("phases") or {}).items():
         known = [(int(n), phase) for n, phase in phases.items() if phase and int(n) > 1]
         if not known:
@@ -297,7 +335,14 @@ def compare_report(result: Comparison) -> Group:
     if headline := result.get("headline"):
         parts.append(Panel(Text(headline, style="bold red"), title="headline", expand=False))
     parts.append(physics_verdict(result))
-    return Group(*parts, compare_table(result), growth_table(result),
+    if any(r.get("steady") is False for r in result["rows"]):
+        unsettled = [f"N={r['world_size']} {r['mode']}" for r in result["rows"] if r.get("steady") is False]
+        footnote = Text(f"* not steady ({', '.join(unsettled)}): the per-step peaks of its last steps still rose or "
+                        "swung by more than 1%; its figure is its largest peak. More steps let it settle (a built-in "
+                        "workload: --steps, --max-warmup; a script: its own step count).\n", style="yellow")
+    else:
+        footnote = Text("")
+    return Group(*parts, compare_table(result), footnote, growth_table(result),
                  Panel(peak_chart(result["rows"]), title="peak RSS per rank", expand=False), verdict(result))
 
 

@@ -220,8 +220,20 @@ def test_sparse_growth_is_weighed_against_k_x_formula_and_the_noise_beside_the_m
     assert physics["sparse_growth_within_noise"] is False
     verdict = flat(rendered(print_compare, result))
     # the live figure is the model's count of the records, not a measurement: it says so, with its assumption
-    assert "beyond noise); its live collective buffers +" in verdict and "(modelled from the records: every" in verdict
+    assert ("beyond the spread between one run's ranks); its live collective buffers +" in verdict
+            and "(modelled from the records: every" in verdict)
     assert "(exact)" not in verdict
+    # segment by segment, by hand: from N=2 (hidden under compute) to 4 the peak grows less than the model;
+    # from 4 to 8, by exactly k x the formula
+    two, four = (window_rss(n, "sparse", reduce_op) for n in (2, 4))
+    first, second = physics["sparse_segments"]
+    assert (first["from_world_size"], first["to_world_size"], second["to_world_size"]) == (2, 4, 8)
+    assert first["measured_bytes_per_rank"] == pytest.approx((four - two) / 2)
+    assert first["unexplained_bytes_per_rank"] == pytest.approx((four - two) / 2 - held_per_rank(reduce_op))
+    assert second["unexplained_bytes_per_rank"] == pytest.approx(0) and second["beyond_noise"] is False
+    # one run per configuration: a gap is shown, never called unexplained, and repeats are asked for
+    assert "Sparse growth by segment: N=2 to 4:" in verdict and "unexplained" not in verdict
+    assert "needs --repeats 3" in verdict
 
 
 def test_the_comparison_report_names_compute_at_small_n_and_the_collectives_at_larger_n(comparison):
@@ -264,3 +276,33 @@ def test_predict_names_the_crossover_computed_by_hand(comparison, capsys):
     assert f"sparse: compute sets the peak (1 GiB) up to N={expected - 1}; from N={expected} the gathered " \
            "buffers do" in words
     assert "dense: compute sets the peak (1 GiB) at every N up to 2^20" in words
+
+
+def test_with_repeats_a_gap_beyond_the_noise_is_named_unexplained_and_a_hidden_segment_is_named_compute(tmp_path):
+    # GIVEN the two-regime runs with every configuration measured twice, and N=8's peak 30 MiB per added
+    # rank above the model in both (a term the model lacks: it repeats, the spread between repeats is 0)
+    reduce_op = "average"
+    run_dirs = {(n, mode): str(write_run(tmp_path / f"n{n}-{mode}", n, mode, reduce_op))
+                for n in RANK_COUNTS for mode in MODES}
+    summary_path = Path(run_dirs[(8, "sparse")]) / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    extra = 4 * 30 * MiB  # over the segment from N=4 to 8
+    for key in ("steady_peak_rss_bytes_max", "peak_rss_bytes_max"):
+        summary[key] += extra
+    summary_path.write_text(json.dumps(summary))
+    result = compare_analysis.build("synthetic", "two-regimes", {key: [path, path] for key, path in run_dirs.items()})
+    result.update(rank_counts=list(RANK_COUNTS), modes=list(MODES), steps=STEPS, repeats=2)
+    # THEN the segment from 4 to 8 is 30 MiB per added rank above the model, beyond run-to-run noise (0)
+    assert result["noise_source"] == "repeats" and result["noise_bytes"] == 0
+    first, second = result["physics"]["sparse_segments"]
+    assert second["unexplained_bytes_per_rank"] == pytest.approx(30 * MiB) and second["beyond_noise"] is True
+    verdict = flat(rendered(print_compare, result))
+    assert "unexplained: +30 MiB per added rank between N=4 and N=8, beyond run-to-run noise" in verdict
+    # AND the segment from 2, where compute set the peak, is said to be the two regimes, not a gap
+    assert "(at N=2 compute set the peak, and the gathered buffers fit under it)" in verdict
+    assert "needs --repeats" not in verdict
+    # AND a row whose peaks had not settled is marked in the table, and said so under it
+    assert "* not steady" not in verdict
+    result["rows"][0]["steady"] = False
+    marked = flat(rendered(print_compare, result))
+    assert f"* not steady (N={result['rows'][0]['world_size']} {result['rows'][0]['mode']})" in marked
