@@ -74,6 +74,7 @@ GATHERING_OPS = (AVERAGE, SUM)  # the only ops Horovod 0.28.1 reduces an Indexed
 DEFAULT_REDUCE_OP = AVERAGE  # Horovod's default, and what policy records without reduce_op mean
 SCAN_LIMIT = 1 << 20
 COMPUTE, COLLECTIVES = "compute", "collectives"
+REGIME_TOLERANCE = 0.01  # as memdiag.analyze.steady's: what the collectives add must pass 1% of the rest
 
 # Where a mode was not measured, the model borrows the figures of a measured mode, nearest first.
 _BORROW = {"auto": ("dense", "sparse"), "dense": ("sparse",), "as-written": ("sparse",), "dedup": ("sparse",)}
@@ -211,7 +212,15 @@ class MemoryModel:
             return None
         if world_size < 2:
             return COMPUTE
-        return COLLECTIVES if self.collective_peak(mode, world_size) > compute else COMPUTE
+        return COLLECTIVES if self._collectives_set(mode, world_size, compute) else COMPUTE
+
+    def _collectives_set(self, mode: str, world_size: int, compute: float) -> bool:
+        """The collective window passes the compute peak, and what the gathered buffers hold is more than 1%
+        of the rest of the peak (memdiag.analyze.steady.held_phase's rule): a window above the compute
+        peak with nothing gathered is the backward pass that overlaps the reductions, not the collectives."""
+        held = self.held_bytes(mode, world_size)
+        collective = self.collective_base(mode) + held
+        return collective > compute and held > REGIME_TOLERANCE * (max(compute, collective) - held)
 
     # -- scanning N -------------------------------------------------------------------------------
 
@@ -259,7 +268,7 @@ class MemoryModel:
         compute = self.compute_peak_of(mode)
         if compute is None:
             return None
-        return self.first_rank_count(mode, lambda n: n >= 2 and self.collective_peak(mode, n) > compute, limit)
+        return self.first_rank_count(mode, lambda n: n >= 2 and self._collectives_set(mode, n, compute), limit)
 
     def compute_again_ranks(self, mode: str, limit: int = SCAN_LIMIT) -> int | None:
         """After the collective regime took over, the first N where compute sets the peak again (auto

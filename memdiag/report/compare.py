@@ -23,15 +23,19 @@ def compare_table(result: Comparison) -> FitTable:
     columns = [Column("N", key=True), Column("mode", justify="left", key=True), Column("peak RSS")]
     if repeated:
         columns.append(Column("spread"))
+    unsettled = any(r.get("steady") is False for r in result["rows"])
+    if unsettled:
+        columns.append(Column("steady", justify="left"))
     columns += [Column("set by", justify="left"), Column("coll/step"), Column("gathered"),
                 Column("step", group=1), Column("items/s", group=1), Column("status", justify="left", group=1)]
     title = "Per rank count and mode (max over ranks, steady state" + (", median of repeats)" if repeated else ")")
     table = FitTable(columns, title=title)
     for row in result["rows"]:
-        unsettled = " *" if row.get("steady") is False else ""
-        cells = [str(row["world_size"]), row["mode"], format_bytes(row["steady_peak_rss_bytes_median"]) + unsettled]
+        cells = [str(row["world_size"]), row["mode"], format_bytes(row["steady_peak_rss_bytes_median"])]
         if repeated:
             cells.append("-" if row.get("peak_spread_bytes") is None else format_bytes(row["peak_spread_bytes"]))
+        if unsettled:
+            cells.append("NO *" if row.get("steady") is False else ("yes" if row.get("steady") else "-"))
         cells += [row.get("peak_phase") or "-",
                   format_bytes(row["collective_bytes_per_rank"]), format_bytes(row["allgather_bytes_per_rank"]),
                   "-" if row["step_time_s"] is None else f"{row['step_time_s'] * 1000:.0f} ms",
@@ -337,7 +341,7 @@ def compare_report(result: Comparison) -> Group:
     parts.append(physics_verdict(result))
     if any(r.get("steady") is False for r in result["rows"]):
         unsettled = [f"N={r['world_size']} {r['mode']}" for r in result["rows"] if r.get("steady") is False]
-        footnote = Text(f"* not steady ({', '.join(unsettled)}): the per-step peaks of its last steps still rose or "
+        footnote = Text(f"* steady NO ({', '.join(unsettled)}): the per-step peaks of its last steps still rose or "
                         "swung by more than 1%; its figure is its largest peak. More steps let it settle (a built-in "
                         "workload: --steps, --max-warmup; a script: its own step count).\n", style="yellow")
     else:

@@ -78,6 +78,13 @@ def _regime_note(mode: str, table: Prediction, limit: str) -> str:
     n = table["regime_change_ranks"].get(mode)
     compute = format_bytes(table["compute_peak_bytes"][mode])
     again = (table.get("compute_again_ranks") or {}).get(mode)
+    base = (table.get("collective_base_bytes") or {}).get(mode)
+    compute_bytes = table["compute_peak_bytes"][mode]
+    if n is None and base is not None and compute_bytes is not None and base > compute_bytes:
+        # reductions that overlap the backward pass: the window's base is the step's, not the collectives'
+        return (f"{mode}: compute sets the peak at every N up to {limit}: what the gathered buffers add stays under "
+                f"1% of the {format_bytes(base)} the step holds in its collective window besides (above the "
+                f"{compute} held when its first gradient reduction started: the backward pass runs on there)")
     if n is None:
         return f"{mode}: compute sets the peak ({compute}) at every N up to {limit}"
     if n == 1:

@@ -302,7 +302,7 @@ def test_with_repeats_a_gap_beyond_the_noise_is_named_unexplained_and_a_hidden_s
     assert "(at N=2 compute set the peak, and the gathered buffers fit under it)" in verdict
     assert "needs --repeats" not in verdict
     # AND a row whose peaks had not settled is marked in the table, and said so under it
-    assert "* not steady" not in verdict
+    assert "* steady NO" not in verdict
     result["rows"][0]["steady"] = False
     marked = flat(rendered(print_compare, result))
-    assert f"* not steady (N={result['rows'][0]['world_size']} {result['rows'][0]['mode']})" in marked
+    assert f"* steady NO (N={result['rows'][0]['world_size']} {result['rows'][0]['mode']})" in marked
