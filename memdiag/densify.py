@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from memdiag import agreement, optimizer_input
 from memdiag.agreement import UNKNOWN
+from memdiag.compat import paired
 from memdiag.formula import SparseGradientShape
 from memdiag.graphcalls import host_call
 from memdiag.policy import GATHERED_OPS, Decision, decide
@@ -316,8 +317,8 @@ class DensifyPolicy:
         """Gradients with every IndexedSlices converted as the policy decides: densified, merged or kept."""
         out = list(grads)
         items = [(getattr(var, "name", None) or f"grad_{i}", grad, var)
-                 for i, (grad, var) in enumerate(zip(out, variables if variables is not None else [None] * len(out),
-                                                        strict=True))]
+                 for i, (grad, var) in enumerate(paired(out, list(variables) if variables is not None
+                                                         else [None] * len(out)))]
         self.decide_in_name_order(items, script_densifies, process_set, run_time_ok=False)
         for i, (name, grad, var) in enumerate(items):
             if isinstance(grad, tf.IndexedSlices):

@@ -161,7 +161,7 @@ _OLD_ROW_PEAK, _ROW_PEAK = "peak_rss_bytes_max", "steady_peak_rss_bytes_median"
 def read_comparison(path: str) -> Comparison | EnginesComparison:
     """A comparison directory's ``compare.json`` in the current format (an older one converted)."""
     result, _ = _read_versioned(os.path.join(path, COMPARE_FILE), "a comparison's result", COMPARE_FORMAT)
-    return cast(Comparison | EnginesComparison, upgrade_comparison(result))
+    return cast("Comparison | EnginesComparison", upgrade_comparison(result))
 
 
 def _read_versioned(file: str, what: str, newest: int) -> tuple[dict[str, Any], int]:

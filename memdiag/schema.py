@@ -12,7 +12,13 @@ hence ``total=False`` beyond the fields every record of a type carries.
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict, get_type_hints
+import sys
+from typing import Any, TypedDict
+
+if sys.version_info >= (3, 11):
+    from typing import NotRequired
+else:  # Python 3.9 and 3.10, which TensorFlow 2.15 supports
+    from typing_extensions import NotRequired
 
 # The step of everything before the first training step (initial broadcasts, model building):
 # records of it carry ``"step": -1``; steps of training count from 0.
@@ -352,7 +358,8 @@ def undeclared_fields(record: dict[str, Any]) -> set[str]:
 def _declared(cls: type) -> frozenset[str]:
     fields = _DECLARED.get(cls)
     if fields is None:
-        fields = _DECLARED[cls] = frozenset(get_type_hints(cls))
+        # the keys, without evaluating their annotations (``int | None`` is not an expression before 3.10)
+        fields = _DECLARED[cls] = frozenset(cls.__required_keys__ | cls.__optional_keys__)  # type: ignore[attr-defined]
     return fields
 
 

@@ -15,6 +15,7 @@ where a run's time goes under plain mpirun and under ``memdiag run``::
 
 Under plain mpirun: ``mpirun -np 2 python probes/short_step_script.py --steps 30 --phases``.
 """
+from __future__ import annotations
 
 import time
 

@@ -46,6 +46,7 @@ from memdiag import graphcalls, optimizer_input
 from memdiag.agent import parameters, replay
 from memdiag.agent.parameters import ParameterCapture
 from memdiag.agreement import AgreementError
+from memdiag.compat import paired
 from memdiag.densify import DensifyPolicy, distinct_rows, process_set_size
 from memdiag.graphcalls import host_call
 from memdiag.policy import Decision
@@ -362,7 +363,7 @@ class CollectiveHooks:
                 at_run_time: dict[int, tuple[tf.IndexedSlices, Any]] = {}
                 variables = list(vars) if vars is not None else [None] * len(grads)
                 items = [(_var_name(var) if var is not None else f"grad_{i}", grad, var)
-                         for i, (grad, var) in enumerate(zip(grads, variables, strict=True))]
+                         for i, (grad, var) in enumerate(paired(grads, variables))]
                 if self.policy.mode == "auto":
                     # New tensors agreed in the order of their names, whatever order a rank lists them in.
                     self.policy.decide_in_name_order(items, script_densifies, process_set,

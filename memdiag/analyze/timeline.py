@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Optional
 
 # Horovod's activity names for the collectives themselves, as memdiag names the operation.
 TIMELINE_OPS = {"ALLREDUCE": "allreduce", "ADASUM": "allreduce", "ALLGATHER": "allgather",
                 "BROADCAST": "broadcast", "ALLTOALL": "alltoall", "REDUCESCATTER": "reducescatter"}
 
-Collective = tuple[str, str | None, tuple[int, ...] | None]  # (op, dtype, output shape)
+Collective = tuple[str, Optional[str], Optional[tuple[int, ...]]]  # (op, dtype, output shape); 3.9: no `|` at run time
 
 
 def timeline_collectives(events: Iterable[dict[str, Any]]) -> Counter[Collective]:

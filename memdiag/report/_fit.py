@@ -19,7 +19,7 @@ included.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Union
 
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderResult
@@ -27,7 +27,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-Cell = str | Text
+Cell = Union[str, Text]  # (a runtime alias: Python 3.9 has no `|` between types)
 Kind = Literal["figure", "name", "prose"]
 
 ELLIPSIS = "…"

@@ -20,6 +20,7 @@ import numpy as np
 from memdiag import rundir
 from memdiag.agentconfig import HOROVOD
 from memdiag.agreement import Agreement
+from memdiag.compat import paired
 from memdiag.schema import SETUP_STEP
 
 
@@ -127,7 +128,7 @@ def save_parameters(path: str, variables: list[Any], names: list[str] | None = N
     names = [variable_name(var) for var in variables] if names is None else names
     tmp = path + ".tmp"
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
-        for i, (name, var) in enumerate(zip(names, variables, strict=True)):
+        for i, (name, var) in enumerate(paired(names, variables)):
             value = np.asarray(var.numpy(), order="C")  # (ascontiguousarray makes a scalar 1-d)
             with archive.open(f"{i:04d}:{name}.npy", "w", force_zip64=True) as member:
                 np.lib.format.write_array_header_1_0(  # type: ignore[no-untyped-call]

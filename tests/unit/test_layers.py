@@ -18,7 +18,7 @@ PACKAGE = ROOT / "memdiag"
 # rank (densify, workloads, agent) above the analysis it uses (the warm-up's steady rule); reports,
 # the launcher and the verbs on top.
 LAYERS = [
-    "memdiag", "_errors", "units", "rounding", "formula", "policy", "schema", "recordformat", "rundir", "hosts",
+    "memdiag", "_errors", "compat", "units", "rounding", "formula", "policy", "schema", "recordformat", "rundir", "hosts",
     "ports", "agentconfig", "agreement",
     "collect",
     "analyze",

@@ -1,3 +1,5 @@
+from __future__ import annotations
+
 import pytest
 
 from memdiag.analyze.model import build_model, prediction_table

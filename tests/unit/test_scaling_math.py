@@ -1,5 +1,6 @@
 """The measured side of ``memdiag scale``: efficiency arithmetic, time in collectives from Horovod's
 timeline, the verdict on the set-up, and the per-rank batch of strong scaling."""
+from __future__ import annotations
 
 import io
 import json
