@@ -113,7 +113,8 @@ def add_launch_options(parser: argparse.ArgumentParser, default_steps: int,
                         help=f"seed of data and initial parameters (default {DEFAULTS.seed})")
     parser.add_argument("--spool", choices=SPOOLS, default=DEFAULTS.spool,
                         help="shared: ranks write into the run directory; local: ranks write to "
-                             "node-local storage and send their records to rank 0 at the end")
+                             "node-local storage and stream their records to rank 0 over MPI while the job runs "
+                             "(about once a second)")
     parser.add_argument("--force", action="store_true", help="replace an existing output directory")
     parser.add_argument("--memray", action="store_true",
                         help="track every allocation with memray (native stacks) in each rank: "
@@ -153,7 +154,7 @@ def add_launcher_option(parser: argparse.ArgumentParser) -> None:
     """``--launcher mpirun|srun``: what starts the ranks (run and compare)."""
     parser.add_argument("--launcher", choices=LAUNCHERS, default=DEFAULT_LAUNCHER,
                         help="what starts the ranks: mpirun (default) or srun, inside a Slurm allocation (sbatch, "
-                             "salloc), where -n defaults to the allocation's SLURM_NTASKS")
+                             "salloc); run's -n then defaults to the allocation's SLURM_NTASKS")
 
 
 def ranks_from_allocation(given: int | None, what: str = "-n") -> int:
