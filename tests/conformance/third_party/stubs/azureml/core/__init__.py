@@ -1,0 +1,1 @@
+"""``azureml.core``: only ``azureml.core.run`` is provided."""
