@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import statistics
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -317,9 +318,14 @@ def distinct_rows_summary(run: Run) -> list[DistinctRowsSummary]:
     of any step, and the merge's compute time per step where the rows were merged."""
     by_name: dict[str, list[DistinctRowsRecord]] = defaultdict(list)
     for records in run.ranks.values():
+        when = _step_of_time(records)
         for r in records.other:
-            if r.get("type") == "distinct_rows" and r.get("step", 0) >= 0:
-                by_name[r["name"]].append(cast(DistinctRowsRecord, r))
+            if r.get("type") != "distinct_rows":
+                continue
+            # the step whose span holds the count, not its stamp, which can lag (see _recorded_rows)
+            step = when(r.get("t"), r.get("step", 0))
+            if isinstance(step, int) and step >= 0:
+                by_name[r["name"]].append(cast(DistinctRowsRecord, {**r, "step": step}))
     entries: list[DistinctRowsSummary] = []
     for name, found in sorted(by_name.items()):
         first = min(r["step"] for r in found)
@@ -352,6 +358,25 @@ class _Recorded:
     shape: dict[str, int]  # of _SHAPE_FIELDS, those a record shows
 
 
+def _step_of_time(records: RankRecords) -> Callable[[Any, Any], Any]:
+    """``when(t, stamped)``: the step of this rank whose span [t_start, t_end) holds time ``t``, or
+    ``stamped`` where no step's span does (or the records give no times)."""
+    spans = sorted((s["t_start"], s["t_end"], s["step"]) for s in records.steps
+                   if isinstance(s.get("t_start"), (int, float)) and isinstance(s.get("t_end"), (int, float))
+                   and isinstance(s.get("step"), int))
+    starts = [start for start, _, _ in spans]
+
+    def when(t: Any, stamped: Any) -> Any:
+        if not isinstance(t, (int, float)) or not spans:
+            return stamped
+        i = bisect.bisect_right(starts, t) - 1
+        if i >= 0 and spans[i][0] <= t < spans[i][1]:
+            return spans[i][2]
+        return stamped
+
+    return when
+
+
 def _recorded_rows(run: Run, names: set[str]) -> dict[str, _Recorded]:
     """Per gradient, each rank's rows per training step as it ran: from its allgathers of values (each
     rank's own rows in, unmerged) or else from ``distinct_rows`` records (T, counted before merging:
@@ -360,10 +385,15 @@ def _recorded_rows(run: Run, names: set[str]) -> dict[str, _Recorded]:
     found = {name: _Recorded({}, {}) for name in names}
     for rank, records in run.ranks.items():
         counted: dict[tuple[str, int], int] = defaultdict(int)
+        when = _step_of_time(records)
         for r in records.other:
             step, rows = r.get("step"), r.get("rows")
-            if r.get("type") == "distinct_rows" and r.get("name") in names and isinstance(step, int) \
-                    and step >= 0 and isinstance(rows, int):
+            if r.get("type") != "distinct_rows" or r.get("name") not in names or not isinstance(rows, int):
+                continue
+            # The count runs inside the graph before the step's collectives mark the step, so its own stamp
+            # can be an earlier step (set-up, even): the step whose time span holds it is the one it counted.
+            step = when(r.get("t"), step)
+            if isinstance(step, int) and step >= 0:
                 counted[(r["name"], step)] += rows
         gathered: dict[tuple[str, int], int] = defaultdict(int)
         log = _log(records.collectives)
@@ -393,9 +423,8 @@ def _recorded_rows(run: Run, names: set[str]) -> dict[str, _Recorded]:
                 # MultiWorkerMirroredStrategy pads the rows in: its record keeps the worker's own
                 own = c["rows"] if isinstance(c.get("rows"), int) else shape_in[0]
                 gathered[(c["name"], step)] += int(own)
-        # A rank's own rows in its allgather are what moved; a distinct_rows record's step can be off by
-        # one (its count may run before the step's first collective marks the step: Keras fit), so it
-        # fills in only the steps no unmerged allgather shows (dense and dedup runs).
+        # A rank's own rows in its allgather are what moved; a distinct_rows record fills in only the steps
+        # no unmerged allgather shows (dense and dedup runs).
         for (name, step), rows in {**counted, **gathered}.items():
             found[name].rows.setdefault(rank, {})[step] = rows
     return found
