@@ -388,11 +388,11 @@ class CollectiveHooks:
                         waiting = graphcalls.unreached(made)
                         if run_time:
                             # Reduced below, by the path the first step's agreed rows choose.
-                            at_run_time[i] = (_after_all(grad, waiting), var)
+                            at_run_time[i] = (_after(grad, waiting), var)
                             grads[i] = None
                             origins[i] = replace(origin, sparse=True)
                             continue
-                        grads[i] = _after_all(grads[i], waiting)
+                        grads[i] = _after(grads[i], waiting)
                         origin = replace(origin, sparse=True, densified=densified, merged=merged)
                     origins[i] = origin
                 if not self._initial_recorded and self.variables:
@@ -533,7 +533,7 @@ class CollectiveHooks:
                     with graphcalls.collected() as made:
                         tensor, densified, merged = self._apply_policy(origin.name, tensor, None, False,
                                                                        arguments.get("process_set"), count=False)
-                    tensor = _after_all(tensor, graphcalls.unreached(made))
+                    tensor = _after(tensor, graphcalls.unreached(made))
                     origin = replace(origin, densified=densified, merged=merged)
                 sparse = isinstance(tensor, tf.IndexedSlices)
                 context = self._current([] if sparse else [origin], [origin] if sparse else [])
@@ -564,7 +564,7 @@ class CollectiveHooks:
                             tensors[i], densified, merged = self._apply_policy(origin.name, tensor, None, False,
                                                                                arguments.get("process_set"),
                                                                                count=False)
-                        tensors[i] = _after_all(tensors[i], graphcalls.unreached(made))
+                        tensors[i] = _after(tensors[i], graphcalls.unreached(made))
                         origin = replace(origin, densified=densified, merged=merged)
                     (sparse if isinstance(tensors[i], tf.IndexedSlices) else dense).append(origin)
                 context = self._current(dense, sparse)
@@ -997,32 +997,25 @@ def reduction_order(grads: list[Any], variables: list[Any] | None, groups: Any) 
     return order + list(by_name.values())
 
 
-def _after(output: Any, op: Any) -> Any:
-    """``output``, made to wait for ``op`` where the graph would otherwise leave ``op`` out: a
-    ``tf.function`` (and every ``tf.cond``/``tf.while_loop`` branch built in one) runs every stateful
-    op it holds, but a TF1 graph runs only what a session fetches and what that depends on, so there
-    the output is handed on through an identity that waits for the record (it allocates nothing).
+def _after(output: Any, ops: Any) -> Any:
+    """``output`` (a tensor or an IndexedSlices), made to wait for ``ops`` (an op, or a list: none leaves it
+    unchanged) where the graph would otherwise leave them out: a ``tf.function`` (and every
+    ``tf.cond``/``tf.while_loop`` branch built in one) runs every stateful op it holds, but a TF1 graph
+    runs only what a session fetches and what that depends on, so there the output is handed on through
+    an identity that waits for the records (it allocates nothing; an IndexedSlices's values).
     Inside a ``tf.function`` the output is handed on unchanged: an identity there delays the
     collective's consumer until the record has run, which lets TensorFlow reuse the output's buffer
     in place where under plain Horovod it allocates a new one (the average of an allgather's values:
     256 MiB less at the peak of tests/integration/test_memray_trace.py), and memdiag would no longer
     measure the job as written."""
-    if not isinstance(output, tf.Tensor) or getattr(output.graph, "_add_control_dependencies", False):
+    waits = list(ops) if isinstance(ops, (list, tuple)) else [ops]
+    values = output.values if isinstance(output, tf.IndexedSlices) else output
+    if not waits or not isinstance(values, tf.Tensor) or getattr(values.graph, "_add_control_dependencies", False):
         return output
-    with tf.control_dependencies([op]):
+    with tf.control_dependencies(waits):
+        if isinstance(output, tf.IndexedSlices):
+            return tf.IndexedSlices(tf.identity(output.values), output.indices, output.dense_shape)
         return tf.identity(output)
-
-
-def _after_all(grad: Any, ops: Sequence[Any]) -> Any:
-    """``grad`` (a tensor or an IndexedSlices) handed on through an identity that waits for ``ops``
-    (records a TF1 graph would otherwise never run: :func:`memdiag.graphcalls.unreached`); unchanged
-    when there are none."""
-    if not ops:
-        return grad
-    with tf.control_dependencies(list(ops)):
-        if isinstance(grad, tf.IndexedSlices):
-            return tf.IndexedSlices(tf.identity(grad.values), grad.indices, grad.dense_shape)
-        return tf.identity(grad)
 
 
 def _reducible(arguments: dict[str, Any]) -> bool:
