@@ -8,6 +8,7 @@ option of memdiag's. srun passes the whole environment to the ranks itself (``--
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -109,6 +110,8 @@ def run(launch: Launch, log_path: str, poll: Callable[[], None] | None = None) -
     cmd = command(launch)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
            **launch.extra_env}
+    if launch.launcher == "mpirun" and not _user_chose_sigkill_timeout(env, launch.mpirun_args):
+        env["OMPI_MCA_odls_base_sigkill_timeout"] = str(SIGKILL_TIMEOUT_S)
     start = time.monotonic()
     timed_out = False
     # mpirun runs in its own session (so that a timeout can end every rank), which also keeps it from
@@ -141,19 +144,37 @@ def run(launch: Launch, log_path: str, poll: Callable[[], None] | None = None) -
     return LaunchResult(proc.returncode, timed_out, time.monotonic() - start, cmd)
 
 
+def _user_chose_sigkill_timeout(env: dict[str, str], mpirun_args: list[str]) -> bool:
+    return "OMPI_MCA_odls_base_sigkill_timeout" in env or "odls_base_sigkill_timeout" in mpirun_args
+
+
 def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
 # Seconds between the SIGTERM and the SIGKILL of a launcher's process group. srun, on SIGTERM, ends its
 # step through slurmd (SIGTERM to the ranks, SIGKILL after the cluster's KillWait): killed itself before
-# that, it would leave the step to Slurm's timeouts.
+# that, it would leave the step to Slurm's timeouts. mpirun, on SIGTERM, sends its ranks SIGCONT, waits
+# odls_base_sigkill_timeout seconds, sends SIGTERM, waits as long again and sends SIGKILL (Open MPI 4.1's
+# odls): it must outlive both waits, or the ranks never see the SIGTERM.
 _GRACE_S = {"mpirun": 5.0, "srun": 40.0}
+# Seconds mpirun waits before each of its signals when memdiag launches it (Open MPI's default is 1),
+# unless the user chose (OMPI_MCA_odls_base_sigkill_timeout, or --mca in the launcher's options): with the
+# SIGTERM memdiag sends the ranks itself, a rank has about twice this long to write where it stopped.
+SIGKILL_TIMEOUT_S = 2
 
 
 def _end_group(proc: subprocess.Popen[Any], launcher: str = "mpirun") -> None:
-    """SIGTERM to the launcher and every rank it started, then SIGKILL what is left."""
-    for sig, grace in ((signal.SIGTERM, _GRACE_S.get(launcher, 5.0)), (signal.SIGKILL, 5.0)):
+    """SIGTERM to the launcher and every rank it started, then SIGKILL what is left.
+
+    mpirun puts each local rank in a process group of its own, so the ranks are signalled by process as
+    well as through mpirun: at once, not after mpirun's first wait, and killed with it if it hangs."""
+    ranks = _local_ranks(proc.pid) if launcher == "mpirun" else []
+    grace_s = _GRACE_S.get(launcher, 5.0) + (2 * SIGKILL_TIMEOUT_S if launcher == "mpirun" else 0)
+    for sig, grace in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        for rank in ranks:
+            with contextlib.suppress(Exception):  # psutil.NoSuchProcess, AccessDenied: gone, or not ours
+                rank.send_signal(sig)
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -163,3 +184,23 @@ def _end_group(proc: subprocess.Popen[Any], launcher: str = "mpirun") -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def _local_ranks(launcher_pid: int) -> list[Any]:
+    """The launcher's descendants outside its own process group (mpirun's local ranks), as psutil
+    processes (which check, when signalled, that the pid was not reused)."""
+    import psutil
+
+    try:
+        group = os.getpgid(launcher_pid)
+        children = psutil.Process(launcher_pid).children(recursive=True)
+    except (ProcessLookupError, psutil.Error):
+        return []
+    ranks = []
+    for child in children:
+        try:
+            if os.getpgid(child.pid) != group:
+                ranks.append(child)
+        except ProcessLookupError:
+            continue
+    return ranks
