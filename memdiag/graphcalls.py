@@ -108,10 +108,10 @@ def _only_marked_effects(op: Any) -> bool:
     """Whether ``op`` is stateful only through memdiag's host calls: one itself, or control flow whose
     branches hold no other stateful op (inner control flow was judged, and marked, when its own scope
     ended)."""
+    if not op._is_stateful:
+        return False  # memdiag's own ops are stateful: most of a graph is judged here, without an attribute lookup
     if _marked(op):
         return True
-    if not op._is_stateful:
-        return False
     branches = _branches(op)
     if branches is None:
         return False

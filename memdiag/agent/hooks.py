@@ -122,7 +122,7 @@ class CollectiveHooks:
         # Native marks (memdiag.nativemarks), when the rank uses them: what each mark's key stands for
         # (BEGIN: op, meta, world size; END: op, meta), and the drain's guard against re-entry.
         self.native: Any = None
-        self._marked: list[tuple[str, dict[str, Any], int]] = []
+        self._marked: list[replay.Marked] = []
         self._keys: replay.KeysFile | None = None
         self._drain_lock = threading.Lock()
         self._draining = threading.local()
@@ -860,22 +860,27 @@ class CollectiveHooks:
         if tf.executing_eagerly():
             begin(*[tensor.shape for _, tensor in items])
             return []
-        shapes = [tf.shape(tensor, out_type=tf.int64) for _, tensor in items]
         if self._native_fits(tensor for _, tensor in items):
             from memdiag.nativemarks import BEGIN
 
-            # one mark per tensor: a record holds a few shapes
-            return [self.native.mark(self._native_key(op, meta, world_size), BEGIN, [shape])
-                    for meta, shape in zip(metas, shapes)]
+            # one mark per tensor: a record holds a few shapes; a shape known now is kept with the key,
+            # not made an op (a constant under a control dependency is a node that runs every step)
+            marks = []
+            for meta, (_, tensor) in zip(metas, items):
+                static, inputs = _mark_inputs([tensor])
+                marks.append(self.native.mark(self._native_key(op, meta, world_size, static), BEGIN, inputs))
+            return marks
+        shapes = [tf.shape(tensor, out_type=tf.int64) for _, tensor in items]
         return [host_call(begin, shapes, name="memdiag_begin")]
 
-    def _native_key(self, op: str, meta: dict[str, Any], world_size: int) -> int:
-        """The key of a new native mark: what its records are read back as (:meth:`_dispatch`)."""
+    def _native_key(self, op: str, meta: dict[str, Any], world_size: int, static: replay.StaticShapes) -> int:
+        """The key of a new native mark: what its records are read back as (:meth:`_dispatch`), with
+        the shapes known when the graph was built (the mark's inputs are the others)."""
         with self._lock:
-            self._marked.append((op, meta, world_size))
+            self._marked.append((op, meta, world_size, static))
             key = len(self._marked) - 1
             if self._keys is not None:
-                self._keys.add(key, op, meta, world_size)
+                self._keys.add(key, op, meta, world_size, static)
             return key
 
     def _native_fits(self, tensors: Any) -> bool:
@@ -924,12 +929,13 @@ class CollectiveHooks:
         # A static shape is a constant that would let the record run before the collective:
         # the control dependency makes it wait for the output, so `t` is the completion time.
         with tf.control_dependencies([output]):
-            shapes = [tf.shape(tensor, out_type=tf.int64), tf.shape(output, out_type=tf.int64)]
             if self._native_fits([tensor, output]):
                 from memdiag.nativemarks import END
 
-                marked = self.native.mark(self._native_key(op, meta, 0), END, shapes)
+                static, inputs = _mark_inputs([tensor, output])
+                marked = self.native.mark(self._native_key(op, meta, 0, static), END, inputs)
             else:
+                shapes = [tf.shape(tensor, out_type=tf.int64), tf.shape(output, out_type=tf.int64)]
                 marked = host_call(emit, shapes, name="memdiag_record")
         return _after(output, marked)
 
@@ -1174,6 +1180,14 @@ def _graph_variable(slices: tf.IndexedSlices, depth: int = 6) -> str | None:
 
 def _is_integer(tensor: Any) -> bool:
     return tf.as_dtype(tensor.dtype).is_integer
+
+
+def _mark_inputs(tensors: list[Any]) -> tuple[replay.StaticShapes, list[Any]]:
+    """For a native mark of ``tensors``' shapes: each shape known now (fully defined), None where it is
+    not, and the mark's inputs: a shape op for each of the others, in order."""
+    static = [_static_shape(t) if t.shape.is_fully_defined() else None for t in tensors]
+    inputs = [tf.shape(t, out_type=tf.int64) for t, known in zip(tensors, static) if known is None]
+    return static, inputs
 
 
 def _static_shape(tensor: Any) -> list[int]:

@@ -30,6 +30,7 @@ import threading
 from typing import Any
 
 import numpy as np
+from typing_extensions import TypeAlias
 
 from memdiag import rundir
 from memdiag.agent.sampler import HighWaterMark, MemorySampler
@@ -44,10 +45,28 @@ def expected_bytes(op: str, meta: dict[str, Any], shape: list[int], world_size: 
     return int(math.prod(shape) * meta["itemsize"] * (ranks if op == "allgather" else 1))
 
 
-def dispatch(tracer: Any, marked: list[tuple[str, dict[str, Any], int]], records: Any) -> None:
+# Per shape a mark stands for (a begin's tensor; an end's tensor and output): the shape itself where it
+# was known when the graph was built, None where the mark's next input holds it.
+StaticShapes: TypeAlias = "list[list[int] | None]"
+Marked: TypeAlias = "tuple[str, dict[str, Any], int, StaticShapes | None]"
+
+
+def mark_shapes(record: Any, static: StaticShapes) -> list[list[int]]:
+    """The shapes a mark stands for: those kept with its key, the others from its inputs in order."""
+    shapes, i = [], 0
+    for known in static:
+        if known is not None:
+            shapes.append(known)
+        else:
+            shapes.append(shape(record, i) or [])
+            i += 1
+    return shapes
+
+
+def dispatch(tracer: Any, marked: list[Marked], records: Any) -> None:
     """Hand ``tracer`` the marks ``records`` (rows of memdiag.nativemarks.Marks.read) in the order of their
     times, each with its time; ``marked``: what each key stands for (op, fields, the world size for a
-    begin)."""
+    begin, the shapes known when the graph was built)."""
     records = records[np.argsort(records[:, 4], kind="stable")]
     # The RSS each mark read where the graph reached it: samples at the phases' edges, put among
     # the sampler's before any record can end a step (a step's samples are cut by time).
@@ -55,12 +74,14 @@ def dispatch(tracer: Any, marked: list[tuple[str, dict[str, Any], int]], records
     tracer.sampler.add_marks((records[read, 4] / 1e9).tolist(), records[read, RSS].tolist())
     # as Python ints, converted at once (reading numpy scalars one by one costs more than the rest)
     for record in records.tolist():
-        op, meta, extra = marked[record[1]]
+        op, meta, extra, static = marked[record[1]]
         t = record[4] / 1e9
         if record[2] == BEGIN:
-            tracer.begin_collective(meta, expected_bytes(op, meta, shape(record, 0) or [], extra), in_graph=True, t=t)
+            [shape_in] = mark_shapes(record, static or [None])
+            tracer.begin_collective(meta, expected_bytes(op, meta, shape_in, extra), in_graph=True, t=t)
         else:
-            tracer.collective(meta, shape(record, 0) or [], shape(record, 1) or [], t=t)
+            shape_in, shape_out = mark_shapes(record, static or [None, None])
+            tracer.collective(meta, shape_in, shape_out, t=t)
 
 
 class KeysFile:
@@ -72,8 +93,9 @@ class KeysFile:
         self._lock = threading.Lock()
         self._file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - open for the rank's life
 
-    def add(self, key: int, op: str, meta: dict[str, Any], extra: int) -> None:
-        line = json.dumps({"key": key, "op": op, "meta": meta, "extra": extra}, separators=(",", ":"), default=str)
+    def add(self, key: int, op: str, meta: dict[str, Any], extra: int, static: StaticShapes) -> None:
+        line = json.dumps({"key": key, "op": op, "meta": meta, "extra": extra, "static": static},
+                          separators=(",", ":"), default=str)
         with self._lock:
             self._file.write(line + "\n")
             self._file.flush()
@@ -83,9 +105,9 @@ class KeysFile:
             self._file.close()
 
 
-def read_keys(path: str) -> list[tuple[str, dict[str, Any], int]]:
+def read_keys(path: str) -> list[Marked]:
     """The keys of ``path`` in key order (a line cut short by the kill ends the list)."""
-    marked: list[tuple[str, dict[str, Any], int]] = []
+    marked: list[Marked] = []
     with open(path, encoding="utf-8") as file:
         for line in file:
             try:
@@ -94,7 +116,7 @@ def read_keys(path: str) -> list[tuple[str, dict[str, Any], int]]:
                 break
             if entry.get("key") != len(marked):
                 break
-            marked.append((entry["op"], entry["meta"], int(entry["extra"])))
+            marked.append((entry["op"], entry["meta"], int(entry["extra"]), entry.get("static")))  # None: every shape an input
     return marked
 
 

@@ -37,16 +37,18 @@ def _hooks(tracer: Tracer):
     return CollectiveHooks(tracer, "as-written", 1.0, lambda: 2, lambda d: None)
 
 
-def _step(hooks, collectives: int):
+def _step(hooks, collectives: int, dynamic: bool = False):
     """A tf.function holding ``collectives`` stand-ins for gradient all-reduces (an identity each, with
-    memdiag's begin and end marks around it, as the hooks put them around Horovod's op)."""
+    memdiag's begin and end marks around it, as the hooks put them around Horovod's op); with
+    ``dynamic``, the tensors' first dimension is known only when the step runs."""
     from memdiag.agent.hooks import Origin
 
-    @tf.function
+    @tf.function(input_signature=[tf.TensorSpec([None] if dynamic else [32])])
     def step(x):
         outputs = []
         for i in range(collectives):
-            tensor = tf.concat([tf.reshape(x, [4, 8]) + float(i)] * (1 + i), axis=1)  # [4, 8 (1 + i)]
+            rows = -1 if dynamic else 4
+            tensor = tf.concat([tf.reshape(x, [rows, 8]) + float(i)] * (1 + i), axis=1)  # [4, 8 (1 + i)]
             origin = Origin(f"grad_{i}", gradient=True, reduce_op="average")
             marks = hooks._begin("allreduce", [(origin, tensor)])
             with tf.control_dependencies(marks):
@@ -57,14 +59,15 @@ def _step(hooks, collectives: int):
     return step
 
 
-def _trace(tmp_path: Path, name: str, native: nativemarks.Marks | None, steps: int = 4) -> list[dict]:
+def _trace(tmp_path: Path, name: str, native: nativemarks.Marks | None, steps: int = 4,
+           dynamic: bool = False) -> list[dict]:
     writer = RecordWriter(str(tmp_path / f"{name}.jsonl"), 0)
     sampler = MemorySampler(0.005)
     tracer = Tracer(writer, sampler, rank=0, auto_steps=True)
     hooks = _hooks(tracer)
     if native is not None:
         hooks.use_native(native)
-    step = _step(hooks, 3)
+    step = _step(hooks, 3, dynamic)
     first = native._next if native is not None else 0
     for i in range(steps):
         step(tf.fill([4 * 8], float(i)))
@@ -94,6 +97,28 @@ def test_native_marks_record_what_the_python_calls_record(marks, tmp_path):
         if r["type"] == "collective":
             assert steps[r["step"]]["t_start"] <= r["t"] <= steps[r["step"]]["t_end"] + 1e-6
     assert marks.lost == 0
+
+
+def test_shapes_known_when_traced_stay_with_the_key_and_the_others_are_read_when_the_step_runs(marks, tmp_path):
+    # GIVEN the same step with shapes known when it is traced and with a first dimension known only when it runs
+    for dynamic in (False, True):
+        python = _trace(tmp_path, f"python-{dynamic}", None, dynamic=dynamic)
+        native = _trace(tmp_path, f"native-{dynamic}", marks, dynamic=dynamic)
+        # THEN the native records hold the same shapes as the Python calls' (which always read them at run time)
+        def collectives(records):
+            return sorted((r["step"], r["name"], tuple(r["shape_in"]), tuple(r["shape_out"]), r["bytes_out"])
+                          for r in records if r["type"] == "collective")
+
+        assert collectives(native) == collectives(python)
+        assert ("grad_2", (4, 24), (4, 24)) in {(name, i, o) for _, name, i, o, _ in collectives(native)}
+    # AND a mark takes as inputs only the shapes not known when the graph was built
+    writer = RecordWriter(str(tmp_path / "graph.jsonl"), 0)
+    hooks = _hooks(Tracer(writer, MemorySampler(0.005), rank=0, auto_steps=True))
+    hooks.use_native(marks)
+    for dynamic, inputs in ((False, {0}), (True, {1, 2})):
+        graph = _step(hooks, 3, dynamic).get_concrete_function().graph
+        assert {len(op.inputs) for op in graph.get_operations() if op.type == "MemdiagMark"} == inputs
+    writer.close()
 
 
 def test_each_native_mark_reads_the_resident_memory_where_the_graph_reaches_it(marks):
@@ -292,7 +317,7 @@ def test_the_rss_each_mark_read_is_a_sample_of_its_step_at_the_marks_time(tmp_pa
     for name in ("g1", "g2"):
         meta = {"op": "allreduce", "name": name, "part": None, "dtype": "float32", "itemsize": 4, "sparse": False,
                 "densified": False, "gradient": True, "reduce_op": "average", "process_set_size": 2}
-        hooks._marked += [("allreduce", meta, 2), ("allreduce", meta, 0)]  # keys 2i: begin, 2i + 1: end
+        hooks._marked += [("allreduce", meta, 2, [None]), ("allreduce", meta, 0, [None, None])]  # keys 2i: begin, 2i + 1: end
     t0 = time.time_ns() + 1_000_000
     records = np.zeros((4, nativemarks.RECORD_WORDS), dtype=np.int64)
     for i, pages in enumerate((1000, 1100, 1100, 2000)):

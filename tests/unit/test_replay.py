@@ -52,7 +52,9 @@ def keys_lines() -> str:
     """Keys 0/1: begin and end of gradient "a"; 2/3: of gradient "b" (as the hooks make them)."""
     lines = []
     for key, name, extra in ((0, "a", 2), (1, "a", 0), (2, "b", 2), (3, "b", 0)):
-        lines.append(json.dumps({"key": key, "op": "allreduce", "meta": {**META, "name": name}, "extra": extra}))
+        static = [None] if extra else [None, None]  # every shape an input of the mark, as for a dynamic shape
+        lines.append(json.dumps({"key": key, "op": "allreduce", "meta": {**META, "name": name}, "extra": extra,
+                                 "static": static}))
     return "\n".join(lines) + "\n"
 
 
@@ -194,3 +196,23 @@ def test_the_library_keeps_its_marks_and_samples_in_the_file_past_a_kill(tmp_pat
     assert nativemarks.shape(ring.records[1], 1) == [3, 5]
     assert len(ring.sample_times) >= 5 and all(p > 0 for p in ring.sample_pages)
     assert ring.sample_times == sorted(ring.sample_times)
+
+
+def test_a_key_keeps_the_shapes_known_when_traced_and_a_mark_supplies_the_others(tmp_path):
+    # GIVEN keys written as the hooks write them: an end whose input shape was known when traced and
+    # whose output's first dimension was not (an allgather's), and a key from before shapes were kept
+    keys = replay.KeysFile(str(tmp_path / "k"))
+    keys.add(0, "allgather", META, 0, [[4, 8], None])
+    keys.close()
+    with open(tmp_path / "k", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"key": 1, "op": "allreduce", "meta": META, "extra": 0}) + "\n")
+    [(_, _, _, static), (_, _, _, unknown)] = replay.read_keys(str(tmp_path / "k"))
+    # WHEN a mark's record holds one shape, [8, 8] (the output's, read when the step ran)
+    record = [0] * nativemarks.RECORD_WORDS
+    record[3] = 1
+    record[nativemarks.HEADER] = 2
+    record[nativemarks.HEADER + nativemarks.MAX_INPUTS] = 8
+    record[nativemarks.HEADER + nativemarks.MAX_INPUTS + 1] = 8
+    # THEN the shapes are the key's known one, then the record's; a key without them reads all from the record
+    assert replay.mark_shapes(record, static) == [[4, 8], [8, 8]]
+    assert replay.mark_shapes(record, unknown or [None, None]) == [[8, 8], []]
