@@ -84,7 +84,13 @@ def _mark(op: Any) -> None:
         op._set_attr(MARK, attr_value_pb2.AttrValue(b=True))
 
 
+# The ops memdiag marks: its native mark, tf.numpy_function's, and the control flow holding them.
+_MARKABLE = frozenset({"MemdiagMark", "PyFunc", "If", "While", "Case"})
+
+
 def _marked(op: Any) -> bool:
+    if op.type not in _MARKABLE:
+        return False  # without the attribute lookup, which raises for most ops
     try:
         return bool(op.get_attr(MARK))
     except ValueError:
