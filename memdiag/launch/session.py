@@ -193,14 +193,28 @@ def agent_config(request: RunRequest, run_id: str, run_dir: str) -> AgentConfig:
     )
 
 
+@dataclass
+class RankProgress:
+    """What a rank's records say while it runs."""
+
+    steps: int = 0  # training steps finished
+    rss_bytes: int | None = None  # its resident memory at the end of its last finished step
+    peak_bytes: int | None = None  # the largest step peak so far
+
+
 class StepWatcher:
-    """Counts the steps rank 0 has finished by reading its record file as it grows."""
+    """Follows a rank's record file as it grows: the steps finished, the memory at the last one's end
+    and the largest peak so far."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.steps = 0
+        self.progress = RankProgress()
         self._offset = 0
         self._partial = b""
+
+    @property
+    def steps(self) -> int:
+        return self.progress.steps
 
     def poll(self) -> int:
         try:
@@ -212,8 +226,55 @@ class StepWatcher:
         self._offset += len(data)
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
-        self.steps += sum(1 for line in lines if line.startswith(b'{"type":"step"') and _SETUP_STEP_FIELD not in line)
+        for line in lines:
+            if line.startswith(b'{"type":"step"') and _SETUP_STEP_FIELD not in line:
+                self.progress.steps += 1
+                peak = _field(line, "peak_rss_bytes")
+                if isinstance(peak, int):
+                    self.progress.peak_bytes = max(peak, self.progress.peak_bytes or 0)
+            elif line.startswith(b'{"type":"mem"') and _SETUP_STEP_FIELD not in line:
+                rss = _field(line, "rss_last")
+                if isinstance(rss, int):
+                    self.progress.rss_bytes = rss
         return self.steps
+
+
+def _field(line: bytes, name: str) -> Any:
+    import json
+
+    try:
+        return json.loads(line).get(name)
+    except ValueError:
+        return None
+
+
+def progress_parts(what: str, elapsed_s: float, ranks: list[RankProgress]) -> list[str]:
+    """Where a run going on is: what runs with the time since it started, then each of up to 4 ranks (of
+    more: the range of steps done and the largest peak with its rank)."""
+    from memdiag.units import format_bytes
+
+    minutes, seconds = divmod(int(elapsed_s), 60)
+    parts = [f"{what} · {minutes}:{seconds:02d}"]
+    if len(ranks) <= 4:
+        for rank, p in enumerate(ranks):
+            if p.steps == 0:
+                parts.append(f"rank {rank}: starting")
+            else:
+                parts.append(f"rank {rank}: {p.steps} steps, {format_bytes(p.rss_bytes)} "
+                             f"(peak {format_bytes(p.peak_bytes)})")
+    else:
+        steps = [p.steps for p in ranks]
+        parts.append(f"steps {min(steps)}-{max(steps)} done" if min(steps) != max(steps) else f"{steps[0]} steps done")
+        peaks = [(p.peak_bytes, rank) for rank, p in enumerate(ranks) if p.peak_bytes is not None]
+        if peaks:
+            peak, rank = max(peaks)
+            parts.append(f"largest peak {format_bytes(peak)} (rank {rank})")
+    return parts
+
+
+def progress_line(what: str, elapsed_s: float, ranks: list[RankProgress]) -> str:
+    """:func:`progress_parts` on one line."""
+    return " · ".join(progress_parts(what, elapsed_s, ranks))
 
 
 def run_manifest(request: RunRequest, run_id: str, config: AgentConfig, launcher: str) -> dict[str, Any]:
@@ -269,10 +330,12 @@ def rank_environment(request: RunRequest, out: str) -> dict[str, str]:
     return extra_env
 
 
-def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None) -> str:
+def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None,
+            on_ranks: Callable[[list[RankProgress]], None] | None = None) -> str:
     """Run ``request`` to completion and return its run directory (summary.json written).
 
-    ``on_steps`` is told how many training steps rank 0 has finished, while the run goes on. A SIGTERM
+    ``on_steps`` is told how many training steps rank 0 has finished, and ``on_ranks`` where every rank
+    is (:class:`RankProgress`), about twice a second while the run goes on. A SIGTERM
     or SIGHUP to memdiag ends the ranks (they write their last records), completes the run directory
     ("terminated by SIGTERM at step K") and exits with 128 + the signal's number.
     """
@@ -304,12 +367,21 @@ def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None) 
                            timeout_s=options.timeout_s, extra_env=extra_env,
                            mpirun_args=list(RANK_ORDER_MCA) if request.rank_order_allreduce else [],
                            launcher=options.launcher)
-    watcher = StepWatcher(os.path.join(out, rundir.rank_file(0)))
-    # With --spool local rank 0 streams its records into the run directory too (about once a second).
-    poll = None if on_steps is None else (lambda: on_steps(watcher.poll()))
+    watchers = [StepWatcher(os.path.join(out, rundir.rank_file(rank)))
+                for rank in range(request.world_size if on_ranks is not None else 1)]
+    # With --spool local the ranks stream their records into the run directory too (about once a second).
+
+    def poll() -> None:
+        for watcher in watchers:
+            watcher.poll()
+        if on_steps is not None:
+            on_steps(watchers[0].steps)
+        if on_ranks is not None:
+            on_ranks([watcher.progress for watcher in watchers])
     started = time.monotonic()
     try:
-        result = mpirun.run(launch, os.path.join(out, rundir.MPIRUN_LOG), poll)
+        result = mpirun.run(launch, os.path.join(out, rundir.MPIRUN_LOG),
+                            poll if on_steps is not None or on_ranks is not None else None)
     except SystemExit as exc:
         # mpirun.run ended the ranks on a signal to memdiag (SystemExit(128 + signal)): say so, then exit.
         code = exc.code if isinstance(exc.code, int) else 1
