@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from memdiag import rundir
 from memdiag._errors import UserError
@@ -35,7 +35,9 @@ from memdiag.workloads import configs
 # The preset setting that holds each built-in workload's per-rank batch (items per step).
 PER_RANK_BATCH = {"transformer": "tokens_per_rank", "mixed": "tokens_per_rank", "resnet50": "batch_per_rank"}
 
-_COLUMNS = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+# done of planned, the time taken and rich's estimate of the time left (from the pace so far)
+_COLUMNS = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("left"), TimeRemainingColumn())
 
 
 def _progress(progress: Progress, task: TaskID) -> Callable[[int], None]:
