@@ -13,6 +13,7 @@ from memdiag.commands.predict import PredictCommand
 from memdiag.commands.report import ReportCommand
 from memdiag.commands.run import RunCommand
 from memdiag.commands.scale import ScaleCommand
+from memdiag.commands.watch import WatchCommand
 
 
 class Command(Protocol):
@@ -32,4 +33,5 @@ COMMANDS: dict[str, type[Command]] = {
     "doctor": DoctorCommand,
     "agent": AgentCommand,
     "collect": CollectCommand,
+    "watch": WatchCommand,
 }

@@ -34,6 +34,7 @@ class RunCommand:
 
         from memdiag import rundir
         from memdiag.collect import load_run
+        from memdiag.commands._live import live_display
         from memdiag.launch.options import LaunchOptions
         from memdiag.launch.session import RunRequest, execute
         from memdiag.report.terminal import print_run
@@ -45,7 +46,7 @@ class RunCommand:
         engine = "" if request.engine == HOROVOD else f", engine {request.engine}"
         what = f"running {request.label} on {request.world_size} rank(s), mode {request.mode}{engine}"
         with console.status(what) as status:
-            out = execute(request, on_ranks=_live(what, status, console))
+            out = execute(request, on_ranks=live_display(what, status, console))
         run = load_run(out)
         summary = rundir.read_summary(out)
         print_run(summary, run.manifest, Console())
@@ -54,36 +55,6 @@ class RunCommand:
             _print_log_tail(out, console)
             return script_exit_status(run.manifest)
         return 0
-
-
-# Without a terminal (a batch job's log), a progress line at most this often, and only when it changed.
-PLAIN_PROGRESS_EVERY_S = 30.0
-
-
-def _live(what: str, status: Any, console: Console) -> Any:
-    """Where the ranks are, while the run goes on: the status of a terminal (a line per rank), updated
-    about twice a second; elsewhere one plain line every :data:`PLAIN_PROGRESS_EVERY_S` seconds when a
-    rank moved on."""
-    import time
-
-    from memdiag.launch.session import RankProgress, progress_line, progress_parts
-
-    started = time.monotonic()
-    printed_at = [started]
-    printed_steps: list[list[int]] = [[]]
-
-    def show(ranks: list[RankProgress]) -> None:
-        now = time.monotonic()
-        if console.is_terminal:
-            status.update("\n  ".join(progress_parts(what, now - started, ranks)))  # a rank a line
-            return
-        line = progress_line(what, now - started, ranks)
-        steps = [rank.steps for rank in ranks]
-        if now - printed_at[0] >= PLAIN_PROGRESS_EVERY_S and steps != printed_steps[0]:
-            console.print(line, highlight=False, markup=False)
-            printed_at[0], printed_steps[0] = now, steps
-
-    return show
 
 
 def script_exit_status(manifest: dict[str, Any]) -> int:

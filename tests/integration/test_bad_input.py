@@ -21,6 +21,8 @@ def assert_one_line_error(result, *needles: str) -> None:
 
 @pytest.mark.parametrize("args,needles", [
     (["run", "transfromer", "-n", "2"], ["unknown workload 'transfromer'", "transformer"]),
+    (["watch", "no-such-run"], ["not a memdiag run directory", "--out of memdiag run or memdiag agent"]),
+    (["watch", ".", "--interval", "0"], ["--interval must be a positive number"]),
     (["run", "missing_script.py", "-n", "2"], ["missing_script.py not found"]),
     (["run", "transformer", "-n", "0"], ["-n must be at least 1"]),
     (["run", "transformer", "-n", "-3"], ["-n must be at least 1"]),

@@ -8,7 +8,7 @@ import json
 
 from rich.console import Console
 
-from memdiag.commands import run as run_command
+from memdiag.commands import _live
 from memdiag.launch.session import RankProgress, StepWatcher, progress_line
 
 MiB = 2**20
@@ -56,11 +56,11 @@ def test_without_a_terminal_a_line_is_printed_only_after_the_interval_and_when_a
     monkeypatch.setattr("time.monotonic", lambda: clock[0])
     out = io.StringIO()
     console = Console(file=out, force_terminal=False)
-    show = run_command._live("running x", None, console)
+    show = _live.live_display("running x", None, console)
     show([RankProgress(1, MiB, MiB)])  # too soon
-    clock[0] += run_command.PLAIN_PROGRESS_EVERY_S
+    clock[0] += _live.PLAIN_PROGRESS_EVERY_S
     show([RankProgress(2, MiB, MiB)])  # printed
-    clock[0] += run_command.PLAIN_PROGRESS_EVERY_S
+    clock[0] += _live.PLAIN_PROGRESS_EVERY_S
     show([RankProgress(2, MiB, MiB)])  # no rank moved on
     lines = out.getvalue().splitlines()
     assert len(lines) == 1 and lines[0].startswith("running x · 0:30 · rank 0: 2 steps")
