@@ -22,10 +22,18 @@ class Check:
     fix: str = ""
 
 
-def _python() -> Check:
-    version = ".".join(map(str, sys.version_info[:3]))
-    if sys.version_info < (3, 10):  # noqa: UP036 - the user's Python, checked at run time
-        return Check("python", "fail", version, "use Python 3.10 or newer (3.11 is what is tested)")
+# The Pythons TensorFlow 2.15 (and so memdiag, with Horovod 0.28.1 built against it) supports.
+SUPPORTED_PYTHONS = ((3, 9), (3, 11))
+
+
+def _python(version_info: tuple[int, ...] = tuple(sys.version_info[:3])) -> Check:
+    version = ".".join(map(str, version_info))
+    oldest, newest = SUPPORTED_PYTHONS
+    if tuple(version_info[:2]) < oldest:
+        return Check("python", "fail", version, "use Python 3.9, 3.10 or 3.11 (TensorFlow 2.15's range)")
+    if tuple(version_info[:2]) > newest:
+        return Check("python", "warn", version, "TensorFlow 2.15, which Horovod 0.28.1 builds against, has no "
+                                                "release for this Python: use Python 3.9, 3.10 or 3.11")
     return Check("python", "ok", version)
 
 

@@ -72,7 +72,18 @@ def _print_log_tail(out: str, console: Console, lines: int = 15) -> None:
     path = os.path.join(out, rundir.MPIRUN_LOG)
     if os.path.exists(path):
         with open(path, encoding="utf-8", errors="replace") as f:
-            tail = f.read().splitlines()[-lines:]
+            log = f.read().splitlines()
+        tail = log[-lines:]
+        # mpirun's daemons start over ssh: ssh's own error is at the top, above OpenMPI's long message
+        ssh = [line for line in log[:-lines] if line.startswith("ssh: ") or _SSH_FAILURE in line
+               or "Permission denied (" in line][:5]
+        if ssh:
+            console.print(f"ssh's error in {path}:", style="yellow")
+            for line in ssh:
+                console.print(line, markup=False, highlight=False)
         console.print(f"last lines of {path}:", style="yellow")
         for line in tail:
             console.print(line, markup=False, highlight=False)
+
+
+_SSH_FAILURE = "Host key verification failed"

@@ -9,6 +9,7 @@ import json
 from rich.console import Console
 
 from memdiag.commands import _live
+from memdiag.commands import run as run_command
 from memdiag.launch.session import RankProgress, StepWatcher, progress_line
 
 MiB = 2**20
@@ -64,3 +65,15 @@ def test_without_a_terminal_a_line_is_printed_only_after_the_interval_and_when_a
     show([RankProgress(2, MiB, MiB)])  # no rank moved on
     lines = out.getvalue().splitlines()
     assert len(lines) == 1 and lines[0].startswith("running x · 0:30 · rank 0: 2 steps")
+
+
+def test_a_failed_runs_log_tail_leads_with_sshs_own_error_from_the_top_of_the_log(tmp_path):
+    # GIVEN an mpirun.log whose ssh error sits above OpenMPI's long message about daemons
+    log = ["ssh: Could not resolve hostname node1: Name or service not known",
+           *[f"ORTE line {i}" for i in range(40)]]
+    (tmp_path / "mpirun.log").write_text("\n".join(log) + "\n")
+    out = io.StringIO()
+    run_command._print_log_tail(str(tmp_path), Console(file=out, width=200), lines=15)
+    printed = out.getvalue().splitlines()
+    # THEN ssh's line comes first, then the last 15 lines
+    assert printed[1] == log[0] and printed[-1] == "ORTE line 39" and "ORTE line 24" not in printed

@@ -76,3 +76,13 @@ def test_an_older_python_imports_memdiag_and_summarises_a_run_as_this_one_does(p
     there = subprocess.run([python, "-c", SUMMARISE, str(run)], capture_output=True, text=True, env=env)
     assert here.returncode == 0 and there.returncode == 0, here.stderr[-2000:] + there.stderr[-2000:]
     assert json.loads(there.stdout) == json.loads(here.stdout)
+
+
+@pytest.mark.parametrize("version,status", [((3, 8, 18), "fail"), ((3, 9, 18), "ok"), ((3, 10, 13), "ok"),
+                                            ((3, 11, 7), "ok"), ((3, 12, 1), "warn")])
+def test_doctor_accepts_the_pythons_tensorflow_2_15_supports(version, status):
+    from memdiag.doctor import _python
+
+    check = _python(version)
+    assert check.status == status and check.finding == ".".join(map(str, version))
+    assert status == "ok" or "3.9, 3.10 or 3.11" in check.fix
