@@ -49,16 +49,20 @@ def _tensorflow() -> Check:
     return Check("tensorflow", "ok", tf.__version__)
 
 
+# pip keeps an installed horovod 0.28.1, and the wheel it cached from an earlier build, however built.
+_REBUILD_HOROVOD = "`pip uninstall -y horovod && pip cache remove horovod && make setup`"
+
+
 def _horovod() -> Check:
     try:
         import horovod
         import horovod.tensorflow as hvd
     except ImportError as exc:
         return Check("horovod", "fail", f"horovod.tensorflow not importable ({exc})",
-                     "build Horovod with HOROVOD_WITH_TENSORFLOW=1 after TensorFlow: `make setup`")
+                     f"build Horovod with HOROVOD_WITH_TENSORFLOW=1 after TensorFlow: {_REBUILD_HOROVOD}")
     if not hvd.mpi_built():
         return Check("horovod", "fail", f"{horovod.__version__} built without MPI",
-                     "rebuild with HOROVOD_WITH_MPI=1 (`rm -rf .venv && make setup`)")
+                     f"rebuild it with HOROVOD_WITH_MPI=1: {_REBUILD_HOROVOD}")
     return Check("horovod", "ok", f"{horovod.__version__}, TensorFlow and MPI built")
 
 
