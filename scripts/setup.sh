@@ -92,8 +92,8 @@ if ! "$VPY" -c "import mpi4py.MPI" >/dev/null 2>&1; then
 fi
 
 if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
-    say "installing memdiag (editable) with its test tools"
-    retry "$PIP" install -q -e "$ROOT[test]"
+    say "installing memdiag (editable) with its test tools and TensorBoard's server"
+    retry "$PIP" install -q -e "$ROOT[test,tensorboard]"
     touch "$STAMP"
 fi
 

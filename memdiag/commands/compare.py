@@ -59,22 +59,3 @@ def _modes(text: str) -> list[str]:
     if bad or not modes:
         raise UserError(f"--modes {text!r}: choose from {', '.join(MODES)}, e.g. sparse,dense,auto")
     return modes
-
-
-def render_compare_dir(path: str, fmt: str) -> int:
-    import json
-
-    from memdiag import rundir
-
-    result = rundir.read_comparison(path)
-    if fmt == "json":
-        print(json.dumps(result, indent=2))
-    elif fmt == "markdown":
-        from memdiag.report.markdown import compare_markdown
-
-        print(compare_markdown(result))
-    else:
-        from memdiag.report.compare import print_compare
-
-        print_compare(result, Console())
-    return 0

@@ -1,83 +1,70 @@
-"""``memdiag report DIR [--format text|json|markdown|chrome] [--plots]``: re-render a run from its
-directory alone."""
+"""``memdiag report DIR [--format text|json|markdown|chrome|tensorboard] [--output PATH] [--plots]``:
+re-render a run, comparison or scaling study from its directory alone (memdiag.report.reporter)."""
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import sys
+from typing import TYPE_CHECKING
 
-from rich.console import Console
+if TYPE_CHECKING:
+    from memdiag.report.reporter import RunResult, StudyResult
 
 
 class ReportCommand:
-    help = "show the report of a run directory"
+    help = "show the report of a run directory, or write it in another format"
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("run_dir", help="directory written by `memdiag run` or `memdiag compare`")
-        parser.add_argument("--format", choices=("text", "json", "markdown", "chrome"), default="text",
-                            help="chrome: write a trace for Perfetto / chrome://tracing (default DIR/trace.json)")
-        parser.add_argument("--output", metavar="FILE", help="where --format chrome writes the trace")
+        from memdiag.report.reporter import REPORTERS
+
+        parser.add_argument("run_dir", help="directory written by `memdiag run`, `memdiag compare` or `memdiag scale`")
+        parser.add_argument("--format", choices=tuple(REPORTERS), default="text",
+                            help="text: the terminal report; json, markdown: on stdout; chrome: a trace for Perfetto / "
+                                 "chrome://tracing (default DIR/trace.json); tensorboard: event files, one TensorBoard "
+                                 "run per run directory (default DIR/tensorboard)")
+        parser.add_argument("--output", "--out", metavar="PATH", dest="output",
+                            help="where --format chrome writes its trace (a file) or --format tensorboard its event "
+                                 "files (a log directory)")
         parser.add_argument("--plots", action="store_true",
                             help="also write PNG plots: memory.png for a run, peak-vs-ranks.png for a comparison")
 
     def run(self, args: argparse.Namespace, script_args: list[str]) -> int:
-
         from memdiag import rundir
-        from memdiag._errors import UserError
-        from memdiag.analyze.summary import summarize
-        from memdiag.collect import load_run
+        from memdiag.report import reporter
 
-        if args.output and args.format != "chrome":
-            raise UserError("--output is where --format chrome writes its trace; add --format chrome or drop --output")
-        if rundir.kind(args.run_dir) == rundir.COMPARISON:
-            from memdiag.commands.compare import render_compare_dir
-
-            if args.format == "chrome":
-                raise UserError(f"--format chrome traces one run: give a run directory inside {args.run_dir}")
-            status = render_compare_dir(args.run_dir, args.format)
-            if args.plots:
-                _say_plots(_compare_plots(args.run_dir), args.format)
-            return status
-        run = load_run(args.run_dir)
-        from memdiag.commands.collect import ended_without_word
-
-        ended = ended_without_word(args.run_dir, run)
-        if ended is not None:
-            # Shown as `collect` would mark it; the directory itself is left as it is.
-            run.manifest = {**run.manifest, "status": ended}
-            print(f"note: {args.run_dir} was never completed by its launcher (killed, or its node lost); "
-                  f"`memdiag collect {args.run_dir}` marks it and writes its summary", file=sys.stderr)
-        if args.format == "chrome":
-            from memdiag.report.trace import write_chrome_trace
-
-            trace = write_chrome_trace(run, args.output)
-            print(f"wrote {trace.path}: {trace.events} events, {trace.ranks} ranks"
-                  + (f", {trace.horovod_events} from Horovod's timeline" if trace.horovod_events else "")
-                  + " (open it in ui.perfetto.dev or chrome://tracing)")
-            for note in trace.notes:
-                print(f"note: {note}")
-            if args.plots:
+        result = load(args.run_dir)
+        reporter.write(result, args.format, args.output)
+        if args.plots:
+            if isinstance(result, reporter.RunResult):
                 from memdiag.report.plots import write_run_plots
 
-                _say_plots(write_run_plots(run), args.format)
-            return 0
-        summary = summarize(run)  # always recomputed from the records: the directory is the truth
-        if args.format == "json":
-            print(json.dumps(summary, indent=2, default=str))
-        elif args.format == "markdown":
-            from memdiag.report.markdown import run_markdown
-
-            print(run_markdown(summary, run.manifest))
-        else:
-            from memdiag.report.terminal import print_run
-
-            print_run(summary, run.manifest, Console())
-        if args.plots:
-            from memdiag.report.plots import write_run_plots
-
-            _say_plots(write_run_plots(run), args.format)
+                _say_plots(write_run_plots(result.run), args.format)
+            elif result.kind == rundir.COMPARISON:
+                _say_plots(_compare_plots(args.run_dir), args.format)
         return 0
+
+
+def load(path: str) -> RunResult | StudyResult:
+    """The result a directory holds: a run, or a comparison or scaling study of runs."""
+    from memdiag import rundir
+    from memdiag.collect import load_run
+    from memdiag.commands.collect import ended_without_word
+    from memdiag.report.reporter import RunResult, StudyResult
+
+    what = rundir.kind(path)
+    if what == rundir.COMPARISON:
+        return StudyResult(path, what, dict(rundir.read_comparison(path)))
+    if what == rundir.SCALE:
+        return StudyResult(path, what, rundir.read_json(os.path.join(path, rundir.SCALE_FILE)))
+    run = load_run(path)
+    ended = ended_without_word(path, run)
+    if ended is not None:
+        # Shown as `collect` would mark it; the directory itself is left as it is.
+        run.manifest = {**run.manifest, "status": ended}
+        print(f"note: {path} was never completed by its launcher (killed, or its node lost); "
+              f"`memdiag collect {path}` marks it and writes its summary", file=sys.stderr)
+    return RunResult(path, run)
 
 
 def _compare_plots(path: str) -> list[str] | None:

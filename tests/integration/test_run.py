@@ -10,6 +10,7 @@ import pytest
 
 from memdiag.workloads.configs import PRESETS
 from tests.helpers import memdiag, read_json, read_records, undeclared_record_fields
+from tests.tensorboard_reader import read_back
 
 pytestmark = pytest.mark.mpi
 TINY = PRESETS["transformer"]["tiny"]
@@ -117,6 +118,20 @@ def test_terminal_report_after_the_run_and_from_the_directory(sparse_run):
     assert again.returncode == 0 and "Per rank" in again.stdout and "allgather" in again.stdout
     as_json = memdiag("report", str(out), "--format", "json")
     assert as_json.returncode == 0 and '"world_size": 2' in as_json.stdout
+
+
+def test_tensorboard_shows_each_step_s_gathered_embedding_rows_of_every_rank(sparse_run, tmp_path):
+    out, _ = sparse_run
+    result = memdiag("report", str(out), "--format", "tensorboard", "--output", str(tmp_path / "logs"))
+    assert result.returncode == 0, result.stderr
+    series = read_back(tmp_path / "logs" / out.name)
+    rows = TINY.batch_size * TINY.seq_len  # a rank's source tokens: rows of its embedding gradient
+    for rank in (0, 1):
+        [values] = [t for t in series if t.startswith(f"gathered_MiB_by_tensor/rank-{rank}/")
+                    and "source_embedding" in t and t.endswith("/values")]
+        assert series[values] == pytest.approx({s: 2 * rows * TINY.d_model * 4 / 2**20 for s in range(3)})
+        assert sorted(series[f"peak_rss_MiB/rank-{rank}"]) == [0, 1, 2]
+        assert all(v > 100 for v in series[f"peak_rss_MiB/rank-{rank}"].values())
 
 
 def test_without_a_shared_file_system_ranks_send_their_records_to_rank_0(runs_root):
