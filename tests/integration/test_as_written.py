@@ -214,6 +214,10 @@ def test_compare_on_a_seeded_script_gives_a_correctness_result(runs_root):
     assert correctness["reduction"]["passed"] is True
 
 
+# The extended tier: the core tier's test_compare.py fails the same injected fault on the built-in workload
+# (with its second look), and test_compare_on_a_seeded_script_gives_a_correctness_result passes a script's
+# reduction check; this comparison with its second look costs about 45 s on 2 cores.
+@pytest.mark.slow
 def test_compare_on_a_script_with_a_wrong_reduction_fails(runs_root):
     out = runs_root / "compare-script-fault"
     result = memdiag("compare", "sparse-vs-dense", str(ROOT / "examples" / "user_tape_function.py"),
