@@ -10,7 +10,8 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 
-# A TensorFlow + Horovod rank of the tiny presets needs about 0.6 GiB, the small preset about 1.3 GiB.
+# What a TensorFlow + Horovod rank of the small preset (make demo's) needs; a rank of the tiny presets
+# needs about half of it (measured: docs/notes/code-figures.md#doctor-rank-memory).
 RANK_MEMORY_BYTES = int(1.3 * 2**30)
 
 

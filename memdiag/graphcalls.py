@@ -9,8 +9,9 @@ sits in a ``tf.cond`` of its own (``_allreduce_cond``), so under plain Horovod t
 step start as their gradients are ready and Horovod fuses those that meet in a cycle. With ordered
 records, each all-reduce waited for the previous one's record, that is for its completion: one
 collective per cycle, no fusion, and a job that is not the one written
-(tests/unit/test_graph_order.py; on probes/short_step_script.py, 2 ranks, 6 steps, Horovod's timeline
-showed 30 all-reduces starting in 30 cycles, against 20 under plain mpirun and 19 with this module).
+(tests/unit/test_graph_order.py; Horovod's timeline showed one all-reduce per cycle with ordered records,
+and with this module about as many cycles as under plain mpirun: measured,
+docs/notes/transparency.md#records-that-ordered-the-graph).
 
 So every such op is marked (:data:`MARK`) and, while memdiag is installed, each automatic-control-
 dependencies scope lets marked ops, and control flow whose only stateful ops are marked, run

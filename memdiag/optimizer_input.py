@@ -37,13 +37,15 @@ from typing import Any, cast
 
 # Optimizer classes (module, name) whose update with an IndexedSlices gradient was measured to peak above
 # its update with the same gradient dense, in one setting of oneDNN at least and below it in neither
-# (probes/optimizer_update_peak.py [--eager], TensorFlow 2.15, a 500,000 x 64 table:
-# docs/notes/comparisons.md), by how the update was called: "graph" (built in a tf.function, as Keras's
-# fit does) and "eager" (op by op). The figures are the sparse path's peak minus the dense path's (which
-# holds the dense gradient), oneDNN on / off. Keras's SGD is one class with or without momentum: without,
-# its sparse update in a graph still scales a table-sized momentum slot (+148 / +227 MiB); with 0.9,
-# within noise (+1 / -20 MiB), so only an SGD without momentum is handed dense. Eager, Keras's Adam,
-# Nadam and SGD peaked lower with the rows with oneDNN off (-95 to -205 MiB).
+# (probes/optimizer_update_peak.py [--eager], TensorFlow 2.15; measured:
+# docs/notes/comparisons.md#where-auto-peaks-above-dense-the-optimizers-sparse-update), by how the update
+# was called: "graph" (built in a tf.function, as Keras's fit does) and "eager" (op by op). Each value is
+# the sparse path's peak minus the dense path's (which holds the dense gradient), oneDNN on / off, as
+# measured then; only the keys ("graph", "eager") decide, the figures are not read. Keras's
+# SGD is one class with or without momentum: without, its sparse update in a graph still scales a
+# table-sized momentum slot and peaked higher; with momentum 0.9 the two paths were level within noise,
+# so only an SGD without momentum is handed dense. Eager, Keras's Adam, Nadam and SGD peaked lower with
+# the rows with oneDNN off, so they take the rows there.
 DENSE_UPDATE: dict[tuple[str, str], dict[str, str]] = {
     ("keras.src.optimizers.adam", "Adam"): {"graph": "+246 / +52 MiB"},
     ("keras.src.optimizers.nadam", "Nadam"): {"graph": "+402 / +92 MiB"},

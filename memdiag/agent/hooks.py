@@ -1011,9 +1011,9 @@ def _after(output: Any, ops: Any) -> Any:
     an identity that waits for the records (it allocates nothing; an IndexedSlices's values).
     Inside a ``tf.function`` the output is handed on unchanged: an identity there delays the
     collective's consumer until the record has run, which lets TensorFlow reuse the output's buffer
-    in place where under plain Horovod it allocates a new one (the average of an allgather's values:
-    256 MiB less at the peak of tests/integration/test_memray_trace.py), and memdiag would no longer
-    measure the job as written."""
+    in place where under plain Horovod it allocates a new one (the average of an allgather's values: a
+    gathered buffer less at the peak, which tests/integration/test_memray_trace.py caught; measured:
+    docs/notes/transparency.md#in-place-average), and memdiag would no longer measure the job as written."""
     waits = list(ops) if isinstance(ops, (list, tuple)) else [ops]
     values = output.values if isinstance(output, tf.IndexedSlices) else output
     if not waits or not isinstance(values, tf.Tensor) or getattr(values.graph, "_add_control_dependencies", False):
@@ -1053,8 +1053,9 @@ def as_called(wrap: Callable[[Callable[..., Any]], Callable[..., Any]],
     (a converted method once got its arguments twice). Horovod's function, though, runs as autograph
     would have run it at the wrapper's call site: converted where the script's converted code calls
     it (inside a ``tf.function``), as it is everywhere else. Plain Horovod is converted there, and
-    the conversion is part of the job's first step (about 4.5 s of it on 2 ranks of 2 cores for
-    probes/short_step_script.py): left out, memdiag made the job's first step faster than the job."""
+    the conversion is a large part of the job's first step (measured:
+    docs/notes/transparency.md#autograph-and-the-first-step): left out, memdiag made the job's first
+    step faster than the job."""
     from tensorflow.python.autograph.core import ag_ctx
     from tensorflow.python.autograph.impl.api import _call_unconverted, autograph_artifact
 

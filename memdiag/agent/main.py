@@ -426,8 +426,9 @@ def _leave_together(rank: int, status: str, error: str | None, exit_code: int) -
 def _exit_without_teardown(code: int) -> None:
     """End a built-in workload's rank once everything is written: the exit handlers run (Horovod's
     shutdown), MPI is finalised, then the process exits without the interpreter's teardown of
-    TensorFlow's modules and threads, which took 1-2.5 s a run (docs/notes/performance.md, "Time"). Only for
-    built-in workloads: a user's script may rely on the interpreter closing its files."""
+    TensorFlow's modules and threads, which took most of a run's wind-up (measured:
+    docs/notes/code-figures.md#agent-teardown). Only for built-in workloads: a user's script may rely on
+    the interpreter closing its files."""
     import atexit
 
     atexit._run_exitfuncs()

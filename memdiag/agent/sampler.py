@@ -23,10 +23,10 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 class _ProcFile:
     """A file of /proc/self kept open. Read with ``pread`` at offset 0, the kernel writes it afresh each
-    time, without the path lookup, open and close that cost more than the read itself
-    (``probes/sampler_cost.py``: on a 2-core VM a step's high-water-mark work took 21 us of CPU with the
-    files kept open, 103-113 us opening them each time). Opened on first use, and again in a forked
-    child, whose inherited descriptor names its parent."""
+    time, without the path lookup, open and close that cost more than the read itself (a step's
+    high-water-mark work took several times the CPU with the files opened each time; measured with
+    ``probes/sampler_cost.py``: docs/explanation/overhead.md#the-sampling-thread). Opened on first use,
+    and again in a forked child, whose inherited descriptor names its parent."""
 
     _all: list[_ProcFile] = []
 
@@ -276,8 +276,9 @@ class MemorySampler:
 
     def _loop(self) -> None:
         last_tick = time.monotonic()
-        # time.sleep, not the stop event's wait(): a wake through a Condition cost 28-47 us more CPU on a
-        # 2-core VM (probes/sampler_cost.py), 200 times a second; stop() waits up to one interval for it.
+        # time.sleep, not the stop event's wait(): a wake through a Condition costs more CPU than a sleep's,
+        # at every wake (measured: docs/explanation/overhead.md#the-sampling-thread); stop() waits up to
+        # one interval for it.
         while True:
             if self._timer is None:
                 time.sleep(self.interval_s)

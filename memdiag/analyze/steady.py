@@ -16,11 +16,11 @@ difference, which a step of a growing series can match by chance (1000, 1005, 12
 within 1% at its first two); three show whether the level holds. What the rule cannot see is a rise
 within the tolerance over the run (about 10 MiB at 1 GiB).
 
-Measured with ``TF_ENABLE_ONEDNN_OPTS=0`` (as ``make demo`` runs): the tiny preset's peaks hold a level
-to about 1 MiB (N=2 sparse, rank 0: 497.7, 498.8, 498.8, 498.8 MiB), the small preset's swing by up to
-8% from step to step (N=1 sparse: 884, 889, 945, 917, 949, 917, 996 MiB): such a rank is not steady
-however long it runs, and 1% is kept, so that the report says so instead of calling a swing a level.
-The run-to-run spread (tens of MiB, docs/explanation/measurement.md) is measured by ``--repeats``, not here. A run
+With ``TF_ENABLE_ONEDNN_OPTS=0`` (as ``make demo`` runs) the tiny preset's peaks hold a level well
+within the tolerance, while the small preset's swing from step to step by several times it (measured:
+docs/notes/code-figures.md#steady-state-tolerance): such a rank is not steady however long it runs, and
+1% is kept, so that the report says so instead of calling a swing a level. The run-to-run spread
+(docs/explanation/measurement.md#noise) is measured by ``--repeats``, not here. A run
 whose peaks leave no window is reported as not steady, with figures from its last ``STEADY_MIN_STEPS``
 steps (the largest of them). A script's last step (``tail`` in its record) also holds what the script
 did after its loop, so it is left out of the steady figures and reported apart (``tail_peak_rss_bytes``).

@@ -63,7 +63,7 @@ class AgentRequest:
 
 
 # RSS sampling period of a rank left out of --trace-ranks: its per-step aggregates and VmHWM stay; the
-# series is coarse (the sampler wakes 10 times a second rather than 200).
+# series is coarse (the sampler wakes 10 times a second rather than every --sample-ms).
 COARSE_SAMPLE_S = 0.1
 
 

@@ -18,7 +18,8 @@ SPOOLS = ("shared", "local")
 LAUNCHERS = ("mpirun", "srun")
 DEFAULT_LAUNCHER = "mpirun"
 # --sample-ms: what a rank's sampling thread may be asked (below 1 ms its wakes alone take a good share
-# of a core; above a second, the memory limit and the once-a-second flush would wait on it)
+# of a core, measured: docs/explanation/overhead.md#the-sampling-thread; above a second, the memory
+# limit and the once-a-second flush would wait on it)
 MIN_SAMPLE_MS, MAX_SAMPLE_MS = 1.0, 1000.0
 # Its default. Every collective's start and end is sampled where the job reaches it (native marks read
 # RSS in the graph; Python marks and eager calls when they are made), so the timer's samples are only

@@ -123,8 +123,9 @@ def save_parameters(path: str, variables: list[Any], names: list[str] | None = N
 
     One variable is read at a time and written from its own buffer, so the save holds one copy of one
     variable and no buffers of its own: np.savez holds every array at once and copies each through
-    16 MiB chunks, which glibc keeps (saving 4 x 32 MiB that way peaked 144 MiB above where it began,
-    and RSS stayed 16 MiB higher; this way: 32 MiB, and back where it began)."""
+    16 MiB chunks, which glibc keeps (that way the save peaked above all the arrays together and RSS
+    stayed a chunk higher; this way, one variable's copy, and back where it began; measured:
+    docs/notes/memory.md#memdiags-own-work-inside-a-step)."""
     names = [variable_name(var) for var in variables] if names is None else names
     tmp = path + ".tmp"
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
