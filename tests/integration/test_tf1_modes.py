@@ -131,3 +131,44 @@ def test_a_tf1_script_that_draws_unseeded_batches_is_not_verifiable_by_its_param
     assert result["reduction"]["passed"] is True and result["passed"] is True
     text = " ".join(done.stdout.split())
     assert "Correctness PASSED: final parameters not compared" in text and "FAILED" not in text
+
+
+ESTIMATOR = ROOT / "tests" / "estimator_script.py"
+FINAL = re.compile(r"final ([0-9a-f]{16})")
+
+
+# The extended tier (about 35 s for the three runs on 2 cores): the core tier's session and monitored-session
+# scripts take the same TF1 path through Horovod's DistributedOptimizer.
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["as-written", "dense", "auto"])
+def test_an_estimator_with_an_embedding_under_every_mode_is_reduced_as_the_report_names_it(runs_root, tmp_path, mode):
+    # GIVEN a tf.estimator job (model_fn, DistributedOptimizer over TF1 Adam, BroadcastGlobalVariablesHook)
+    out = runs_root / f"estimator-{mode}"
+    done = memdiag("run", str(ESTIMATOR), "-n", "2", "--out", str(out), *([] if mode == "as-written" else ["--mode", mode]),
+                   "--", "--steps", "4", "--model-dir", str(tmp_path / "model"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = read_json(out / "summary.json")
+    assert summary["warnings"] == [], summary["warnings"]
+    # THEN its four steps are recorded on both ranks, the table's gradient and the head's are named
+    assert [r["steps_completed"] for r in summary["ranks"]] == [4, 4]
+    assert {c["name"] for c in summary["collectives"] if c["op"] == "allreduce" and not c["sparse"]} == \
+        {"dense/kernel:0", "dense/bias:0"}
+    kinds = shown(summary)
+    assert sorted(kinds) == ["table:0"]
+    if mode == "as-written":
+        # AND as written it trains exactly as under plain mpirun
+        plain = plain_mpirun(ESTIMATOR, ["--steps", "4", "--model-dir", str(tmp_path / "plain-model")],
+                             tmp_path / "timeline.json")
+        assert plain.returncode == 0, plain.stderr[-3000:]
+        assert FINAL.findall((out / "mpirun.log").read_text()) == FINAL.findall(plain.stdout) != []
+        assert kinds["table:0"] == {"allgather"}
+        return
+    applied = summary["mode_applied"]
+    assert applied["applied"] == ["table:0"] and applied["not_applied"] == [] and applied["unlabelled"] == []
+    if mode == "dense":
+        assert kinds["table:0"] == {"densified"}
+    else:
+        [policy] = summary["policy"]
+        # 2 ranks x 512 ids x (32 floats + an int64 index) gathered, against the 4000 x 32 float table
+        assert policy["decision"] == "sparse" and kinds["table:0"] == {"allgather"}
+        assert policy["gathered_bytes"] == 2 * 64 * 8 * (32 * 4 + 8) < 4000 * 32 * 4
