@@ -6,7 +6,7 @@
 ``Estimator.train(steps=...)``; a model directory per rank, where the estimator writes its checkpoint.
 Rank 0 prints ``final DIGEST`` of the trained variables.
 
-    mpirun -np 2 python tests/estimator_script.py --steps 4 --model-dir /tmp/est
+    mpirun -np 2 python tests/estimator_script.py --steps 4 --model-dir MODEL_DIR
 """
 
 import argparse

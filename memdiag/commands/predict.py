@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from memdiag.schema import RunSummary
-
-from rich.console import Console
 
 
 class PredictCommand:
@@ -25,12 +22,14 @@ class PredictCommand:
         parser.add_argument("--engine", default=None,
                             help="the engine whose runs to fit, for a comparison made with --engine both "
                                  "(horovod or tf-distribute; default: the one engine the runs used)")
-        parser.add_argument("--format", choices=("text", "json"), default="text")
+        from memdiag.report.reporter import formats_for
+
+        parser.add_argument("--format", choices=formats_for("prediction"), default="text")
 
     def run(self, args: argparse.Namespace, script_args: list[str]) -> int:
         from memdiag.analyze.model import build_model, prediction_table
         from memdiag.commands.compare import _modes
-        from memdiag.report.predict import print_prediction
+        from memdiag.report import reporter
         from memdiag.units import parse_rank_list, parse_size
 
         summaries = of_one_engine(load_summaries(args.run_dir), args.engine, args.run_dir)
@@ -49,10 +48,7 @@ class PredictCommand:
                               "collective_bytes_per_rank": max((r["collective_bytes_per_step"] for r in s["ranks"]),
                                                                default=0)}
                              for s in summaries if s["world_size"] in ranks]
-        if args.format == "json":
-            print(json.dumps(table, indent=2))
-        else:
-            print_prediction(table, Console())
+        reporter.write(reporter.PredictionResult(table), args.format)
         return 0
 
 

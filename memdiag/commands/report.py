@@ -16,10 +16,10 @@ class ReportCommand:
     help = "show the report of a run directory, or write it in another format"
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
-        from memdiag.report.reporter import REPORTERS
+        from memdiag.report.reporter import formats_for
 
         parser.add_argument("run_dir", help="directory written by `memdiag run`, `memdiag compare` or `memdiag scale`")
-        parser.add_argument("--format", choices=tuple(REPORTERS), default="text",
+        parser.add_argument("--format", choices=formats_for("run"), default="text",
                             help="text: the terminal report; json, markdown: on stdout; chrome: a trace for Perfetto / "
                                  "chrome://tracing (default DIR/trace.json); tensorboard: event files, one TensorBoard "
                                  "run per run directory (default DIR/tensorboard)")

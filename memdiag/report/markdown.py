@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from memdiag import rundir
+from memdiag._errors import UserError
 from memdiag.report.compare import engines_sentence, second_look_outcome
+from memdiag.report.reporter import Refusing, RunResult, StudyResult
 from memdiag.report.terminal import common_scope, short_name
 from memdiag.schema import Comparison, EnginesComparison, RunSummary
 from memdiag.units import format_bytes
@@ -97,3 +100,16 @@ def engines_markdown(result: EnginesComparison) -> str:
     title = f"{result['workload']}" + (f" ({result['preset']})" if result.get("preset") else "")
     return (f"## compare sparse-vs-dense --engine both: {title}\n\n{engines_sentence(result)}\n\n{rows}\n\n"
             + "\n".join(lines) + "\n")
+
+
+class MarkdownReporter(Refusing):
+    name = "markdown"
+
+    def run(self, result: RunResult, output: str | None) -> None:
+        print(run_markdown(result.summary, result.run.manifest))
+
+    def study(self, result: StudyResult, output: str | None) -> None:
+        if result.kind != rundir.COMPARISON:
+            raise UserError(f"--format markdown shows a comparison, not a scaling study ({result.path}): use "
+                            "--format text, json or tensorboard, or give one run directory inside it")
+        print(compare_markdown(result.document))  # type: ignore[arg-type]  # compare.json, upgraded when read

@@ -1,19 +1,23 @@
 """The reporter interface: a reporter writes one output (the terminal report, JSON, Markdown, a
-Chrome trace, TensorBoard event files) of one result, a run or a study (a comparison or a scaling
-study). ``memdiag report DIR --format F`` builds the result from the directory and hands it to the
-reporter named F in :data:`REPORTERS`; a new output is one module with one class added there."""
+Chrome trace, TensorBoard event files) of one result: a run, a study of runs (a comparison or a
+scaling study), a prediction, or the doctor's checks. Each output is one module with one reporter class
+(text.py, json_output.py, markdown.py, trace.py, tensorboard.py), named in :data:`REPORTERS`; the
+commands build the result and hand it to the reporter ``--format`` names (:func:`write`). A subject an
+output does not show is refused with a one-line error that says which formats show it."""
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from memdiag import rundir
 from memdiag._errors import UserError
 
 if TYPE_CHECKING:
     from memdiag.collect import Run
-    from memdiag.schema import RunSummary
+    from memdiag.doctor import Check
+    from memdiag.schema import Prediction, RunSummary
 
 
 @dataclass
@@ -47,124 +51,98 @@ class StudyResult:
         return rundir.runs_of(self.path)
 
 
+@dataclass
+class PredictionResult:
+    """``memdiag predict``'s table (memdiag.analyze.model.prediction_table, with the measured rows)."""
+
+    table: Prediction
+
+
+@dataclass
+class DoctorResult:
+    """``memdiag doctor``'s checks, in the order they ran."""
+
+    checks: list[Check]
+
+
+Result = Union[RunResult, StudyResult, PredictionResult, DoctorResult]
+SUBJECTS: dict[type, str] = {RunResult: "run", StudyResult: "study", PredictionResult: "prediction",
+                             DoctorResult: "doctor"}
+"""Result type -> the name of the reporter method that writes it."""
+
+
 class Reporter(Protocol):
-    """One output. ``run`` and ``study`` write it for their subject, to stdout or under ``output``;
-    a reporter that cannot show a subject raises a UserError that says what it can show."""
+    """One output: a method per subject, writing to stdout or under ``output``."""
 
     @property
     def name(self) -> str: ...  # the --format value
 
     @property
-    def output_help(self) -> str | None: ...  # what --output means for it; None: it takes no --output
+    def output_help(self) -> str | None: ...  # what --output means for it; None: it prints, and takes none
 
     def run(self, result: RunResult, output: str | None) -> None: ...
 
     def study(self, result: StudyResult, output: str | None) -> None: ...
 
+    def prediction(self, result: PredictionResult, output: str | None) -> None: ...
 
-class TextReporter:
-    name, help, output_help = "text", "the terminal report (default)", None
-
-    def run(self, result: RunResult, output: str | None) -> None:
-        from rich.console import Console
-
-        from memdiag.report.terminal import print_run
-
-        print_run(result.summary, result.run.manifest, Console())
-
-    def study(self, result: StudyResult, output: str | None) -> None:
-        from rich.console import Console
-
-        if result.kind == rundir.SCALE:
-            from memdiag.report.scale import print_scale
-
-            print_scale(result.document, Console())  # type: ignore[arg-type]  # scale.json as `memdiag scale` wrote it
-            return
-        from memdiag.report.compare import print_compare
-
-        print_compare(_comparison(result, self.name), Console())
+    def doctor(self, result: DoctorResult, output: str | None) -> None: ...
 
 
-class JsonReporter:
-    name, help, output_help = "json", "a run's summary (recomputed), or a study's compare.json or scale.json, on stdout", None
+class Refusing:
+    """A reporter's subjects it does not show: each refuses with the formats that do show it."""
+
+    name = "?"
+    output_help: str | None = None
+
+    def _refuse(self, subject: str) -> None:
+        showing = [fmt for fmt in REPORTERS if subject in shows(fmt)]
+        raise UserError(f"--format {self.name} does not show a {subject}: use --format {' or '.join(showing)}")
 
     def run(self, result: RunResult, output: str | None) -> None:
-        import json
-
-        print(json.dumps(result.summary, indent=2, default=str))
+        self._refuse("run")
 
     def study(self, result: StudyResult, output: str | None) -> None:
-        import json
+        self._refuse("study")
 
-        print(json.dumps(result.document, indent=2))
+    def prediction(self, result: PredictionResult, output: str | None) -> None:
+        self._refuse("prediction")
 
-
-class MarkdownReporter:
-    name, help, output_help = "markdown", "Markdown tables for issues and docs, on stdout", None
-
-    def run(self, result: RunResult, output: str | None) -> None:
-        from memdiag.report.markdown import run_markdown
-
-        print(run_markdown(result.summary, result.run.manifest))
-
-    def study(self, result: StudyResult, output: str | None) -> None:
-        from memdiag.report.markdown import compare_markdown
-
-        print(compare_markdown(_comparison(result, self.name)))
+    def doctor(self, result: DoctorResult, output: str | None) -> None:
+        self._refuse("doctor")
 
 
-class ChromeReporter:
-    name, help = "chrome", "a trace for Perfetto / chrome://tracing"
-    output_help = "the trace file (default DIR/trace.json)"
-
-    def run(self, result: RunResult, output: str | None) -> None:
-        from memdiag.report.trace import write_chrome_trace
-
-        trace = write_chrome_trace(result.run, output)
-        print(f"wrote {trace.path}: {trace.events} events, {trace.ranks} ranks"
-              + (f", {trace.horovod_events} from Horovod's timeline" if trace.horovod_events else "")
-              + " (open it in ui.perfetto.dev or chrome://tracing)")
-        for note in trace.notes:
-            print(f"note: {note}")
-
-    def study(self, result: StudyResult, output: str | None) -> None:
-        raise UserError(f"--format chrome traces one run: give a run directory inside {result.path}")
-
-
-def _comparison(result: StudyResult, fmt: str) -> Any:
-    if result.kind != rundir.COMPARISON:
-        raise UserError(f"--format {fmt} does not show a scaling study ({result.path}): use --format text, json or "
-                        "tensorboard, or give one run directory inside it")
-    return result.document
-
-
-def _tensorboard() -> Reporter:
-    from memdiag.report.tensorboard import TensorBoardReporter
-
-    return TensorBoardReporter()
-
-
-REPORTERS: dict[str, Any] = {
-    "text": TextReporter, "json": JsonReporter, "markdown": MarkdownReporter, "chrome": ChromeReporter,
-    "tensorboard": _tensorboard,
+REPORTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "text": ("memdiag.report.text", "TextReporter", ("run", "study", "prediction", "doctor")),
+    "json": ("memdiag.report.json_output", "JsonReporter", ("run", "study", "prediction", "doctor")),
+    "markdown": ("memdiag.report.markdown", "MarkdownReporter", ("run", "study")),
+    "chrome": ("memdiag.report.trace", "ChromeReporter", ("run",)),
+    "tensorboard": ("memdiag.report.tensorboard", "TensorBoardReporter", ("run", "study")),
 }
-"""--format value -> a callable that makes its reporter (TensorBoard's module is imported when chosen)."""
+"""--format value -> (module, class, the subjects it shows). A module is imported when its format is
+chosen (TensorBoard's only then)."""
 
-FILE_FORMATS = ("chrome", "tensorboard")  # the formats that write files, and so take --output
+
+def shows(fmt: str) -> tuple[str, ...]:
+    return REPORTERS[fmt][2]
 
 
-def reporter(name: str) -> Reporter:
-    made: Reporter = REPORTERS[name]()
+def formats_for(subject: str) -> tuple[str, ...]:
+    """The --format choices of a command whose result is ``subject``."""
+    return tuple(fmt for fmt, (_, _, subjects) in REPORTERS.items() if subject in subjects)
+
+
+def reporter(fmt: str) -> Reporter:
+    module, cls, _ = REPORTERS[fmt]
+    made: Reporter = getattr(importlib.import_module(module), cls)()
     return made
 
 
-def write(result: RunResult | StudyResult, fmt: str, output: str | None = None) -> None:
+def write(result: Result, fmt: str, output: str | None = None) -> None:
     """Hand ``result`` to the reporter named ``fmt``."""
     chosen = reporter(fmt)
     if output is not None and chosen.output_help is None:
-        raise UserError(f"--output is where {' or '.join('--format ' + f for f in FILE_FORMATS)} write; "
+        writers = [f for f in REPORTERS if reporter(f).output_help is not None]
+        raise UserError(f"--output is where {' or '.join('--format ' + f for f in writers)} write; "
                         f"--format {fmt} prints to stdout: drop --output")
-    if isinstance(result, RunResult):
-        chosen.run(result, output)
-    else:
-        chosen.study(result, output)
+    getattr(chosen, SUBJECTS[type(result)])(result, output)

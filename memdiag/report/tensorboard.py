@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from memdiag._errors import UserError
 from memdiag.collect import Run, load_run
-from memdiag.report.reporter import RunResult, StudyResult
+from memdiag.report.reporter import Refusing, RunResult, StudyResult
 
 MIB = 2**20
 DEFAULT_LOGDIR = "tensorboard"  # inside the run or study directory
@@ -131,8 +131,8 @@ def write_runs(runs: dict[str, Run], logdir: str) -> Written:
     return Written(logdir, tuple(runs), len(series), points)
 
 
-class TensorBoardReporter:
-    name, help = "tensorboard", "TensorBoard event files: per rank and step, memory, step time and collective bytes"
+class TensorBoardReporter(Refusing):
+    name = "tensorboard"
     output_help = "the TensorBoard log directory (default DIR/tensorboard)"
 
     def run(self, result: RunResult, output: str | None) -> None:

@@ -17,7 +17,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from memdiag._errors import UserError
 from memdiag.collect import Run, mem_points
+from memdiag.report.reporter import Refusing, RunResult, StudyResult
 from memdiag.report.terminal import common_scope, short_name
 from memdiag.rundir import HOROVOD_TIMELINE, Timeline, read_timeline, write_json
 from memdiag.schema import SETUP_STEP
@@ -176,3 +178,19 @@ def write_chrome_trace(run: Run, path: str | None = None) -> TraceSummary:
     write_json(path, trace, indent=None)
     horovod = sum(1 for e in trace["traceEvents"] if e["pid"] >= HOROVOD_PID_BASE)
     return TraceSummary(path, len(trace["traceEvents"]), len(run.ranks), horovod, tuple(notes))
+
+
+class ChromeReporter(Refusing):
+    name = "chrome"
+    output_help = "the trace file (default DIR/trace.json)"
+
+    def run(self, result: RunResult, output: str | None) -> None:
+        trace = write_chrome_trace(result.run, output)
+        print(f"wrote {trace.path}: {trace.events} events, {trace.ranks} ranks"
+              + (f", {trace.horovod_events} from Horovod's timeline" if trace.horovod_events else "")
+              + " (open it in ui.perfetto.dev or chrome://tracing)")
+        for note in trace.notes:
+            print(f"note: {note}")
+
+    def study(self, result: StudyResult, output: str | None) -> None:
+        raise UserError(f"--format chrome traces one run: give a run directory inside {result.path}")
