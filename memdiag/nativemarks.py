@@ -82,6 +82,7 @@ class Marks:
         c.memdiag_ring_read.restype = ctypes.c_int64
         c.memdiag_ring_read.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, ctypes.c_int64]
         self._c = c
+        self.ops_made = 0  # mark ops added to graphs (each a node every call of its graph runs)
         self.words = int(c.memdiag_ring_record_words())
         self.capacity = int(c.memdiag_ring_capacity())
         self._next = int(c.memdiag_ring_head())  # records before this process's first read are not its
@@ -167,6 +168,7 @@ class Marks:
         op = self._ops.memdiag_mark(shapes=list(shapes), key=key, kind=kind)
         op = getattr(op, "op", op)
         _mark(op)
+        self.ops_made += 1
         return op
 
     def pending(self) -> int:

@@ -51,6 +51,10 @@ class StartRecord(_Record, total=False):
     # who reads RSS every --sample-ms: python (the sampling thread) or native (the marks library's thread,
     # under --record-every without --mem-limit); absent: python
     sampling: str
+    # memdiag's own set-up in the rank (Horovod ranks): what RSS grew by from TensorFlow's and Horovod's
+    # import (the job's own) to the hand-over to the script or workload, the native marks' ring included
+    own_setup_rss_bytes: int
+    marks_ring_bytes: int  # the native marks' ring and its reading buffers, resident from the set-up on
 
 
 class StepRecord(_Record, total=False):
@@ -271,6 +275,7 @@ class EndRecord(_Record, total=False):
     hwm_bytes: int
     sampler_cpu_s: float | None  # CPU seconds of memdiag's sampling thread (None: it did not end)
     bookkeeping_failures: dict[str, int]  # what memdiag could not do -> how often (absent: nothing failed)
+    mark_ops: int  # native mark ops memdiag added to the job's graphs (two per collective call site traced)
 
 
 class OwnWorkRecord(_Record, total=False):
@@ -441,6 +446,9 @@ class RankSummary(TypedDict, total=False):
     killed: KilledRecord | None
     sampler_cpu_s: float | None  # memdiag's sampling thread's CPU seconds (the end record's)
     agent_wall_s: float | None  # from the rank's start record to its end record
+    own_setup_rss_bytes: int | None  # memdiag's own set-up (the start record's; None: not measured)
+    marks_ring_bytes: int | None
+    mark_ops: int | None  # native mark ops added to the graphs (the end record's)
     record_every_s: float  # --record-every: native marks made records every this many seconds (0: every step)
     marks_file: bool  # its native marks kept in a file until they were records (the start record's)
     # killed outright: the steps made from the marks it left in that file, first and last (None: none)

@@ -31,7 +31,7 @@ from memdiag import agreement, rundir
 from memdiag.agent import delivery as _delivery
 from memdiag.agent import launcher_env, replay
 from memdiag.agent.records import RecordWriter
-from memdiag.agent.sampler import MemorySampler, read_hwm
+from memdiag.agent.sampler import MemorySampler, read_hwm, read_rss
 from memdiag.agent.tracer import Tracer
 from memdiag.agentconfig import HOROVOD, TF_DISTRIBUTE, AgentConfig
 from memdiag.agreement import Agreement
@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     _end_on_termination(writer, lambda: tracer, lambda: delivery)
     hooks: Any = None
     marks_files: tuple[str, int] | None = None  # the marks' file and its keys, while this rank keeps them
+    marks_made: Any = None  # the native marks, for the count of mark ops at the end
     try:
         delivery = _delivery.start(config, rank, spool)
         if tf_config is not None and tf_config.get("error"):
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             _run_with_strategy(config, tracer, writer, rank, spool, tf_config or {})
         else:
             hvd = _import_horovod()
+            before_own_setup = read_rss()  # TensorFlow and Horovod imported: the job's own from here
 
             tracer = Tracer(writer, sampler, rank, auto_steps=config.is_script)
             _watch(config, tracer, writer, sampler, delivery)
@@ -108,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             keep = config.is_script and config.spool == "shared"
             marks, marks_used = nativemarks.load(ring_file=os.path.join(spool, rundir.marks_file(rank)) if keep else None)
             sampling = "python"
+            marks_made = marks
             if marks is not None:
                 keys = None
                 if marks.ring_file is not None:
@@ -123,11 +126,14 @@ def main(argv: list[str] | None = None) -> int:
             def started() -> None:
                 if hvd.rank() != rank:
                     raise RuntimeError(f"Horovod rank {hvd.rank()} differs from MPI rank {rank}")
-                writer.write_now(_start_record(config, hvd, marks_used, sampling,
-                                               config.record_every_s if marks is not None else 0.0,
-                                               marks is not None and marks.ring_file is not None))
+                writer.write_now({**_start_record(config, hvd, marks_used, sampling,
+                                                  config.record_every_s if marks is not None else 0.0,
+                                                  marks is not None and marks.ring_file is not None),
+                                  "own_setup_rss_bytes": own_setup,
+                                  "marks_ring_bytes": marks.resident_bytes if marks is not None else 0})
 
             hooks.install()
+            own_setup = max(0, read_rss() - before_own_setup)
             if not config.is_script:
                 hvd.init()
                 started()
@@ -165,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
                            "sampler_cpu_s": sampler.cpu_s}
     if hooks is not None and hooks.failures:
         end["bookkeeping_failures"] = hooks.failure_counts()
+    if marks_made is not None:
+        end["mark_ops"] = marks_made.ops_made
     writer.write_now(end)
     writer.close()
     if marks_files is not None:  # every mark is in the records now: nothing to replay

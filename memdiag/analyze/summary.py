@@ -95,6 +95,9 @@ def rank_summary(records: RankRecords, live: dict[int, _LiveStep] | None = None)
         # --record-every (0: every step): how much of its records a rank killed outright may have lost
         "record_every_s": float(records.start.get("record_every_s") or 0.0) if records.start else 0.0,
         "marks_file": bool(records.start.get("marks_file")) if records.start else False,
+        "own_setup_rss_bytes": records.start.get("own_setup_rss_bytes") if records.start else None,
+        "marks_ring_bytes": records.start.get("marks_ring_bytes") if records.start else None,
+        "mark_ops": end.get("mark_ops") if end else None,
         "replayed_steps": next((r.get("steps") for r in records.other if r.get("type") == "replayed"), None),
     }
 

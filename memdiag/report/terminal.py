@@ -186,7 +186,7 @@ def footer(summary: RunSummary) -> Text:
             last_line = error.strip().splitlines()[-1].strip()
             when = "before its first step" if r["last_step"] is None else f"after step {r['last_step']}"
             text.append(f"rank {r['rank']} failed {when}: {last_line}\n", style="red")
-    for own in (sampler_cost_line(summary), replayed_line(summary)):
+    for own in (sampler_cost_line(summary), own_memory_line(summary), replayed_line(summary)):
         if own:
             text.append(own + "\n", style="dim")
     for warning in summary.get("warnings", []):
@@ -211,6 +211,28 @@ def sampler_cost_line(summary: RunSummary) -> str | None:
         # they could not (--spool local: the file would stay on the node)
         if summary.get("script") and not all(r.get("marks_file") for r in summary["ranks"] if r.get("record_every_s")):
             line += f", so a rank killed outright could lose up to {every:g} s of records"
+    return line
+
+
+def own_memory_line(summary: RunSummary) -> str | None:
+    """What memdiag itself keeps resident in a rank, as the ranks measured it: RSS grown by its set-up
+    (from the job's TensorFlow and Horovod import to the hand-over to the script, before step 0, so in
+    no step's figures), the native marks' ring within it, and the mark ops it added to the graphs (the
+    largest count of a rank), whose memory is inside the steps' figures and is not measured per run (None
+    when no rank says)."""
+    measured = [(r["own_setup_rss_bytes"], r["rank"], r.get("marks_ring_bytes") or 0) for r in summary["ranks"]
+                if isinstance(r.get("own_setup_rss_bytes"), int)]
+    if not measured:
+        return None
+    setup, rank, ring = max(measured)
+    line = (f"memdiag's own set-up grew RSS by {format_bytes(setup)} on rank {rank} (the largest; before step 0, "
+            f"in no step's figures)")
+    if ring:
+        line += f", {format_bytes(ring)} of it the native marks' ring"
+    ops = max((r.get("mark_ops") or 0 for r in summary["ranks"]), default=0)
+    if ops:
+        line += (f"; it added {ops} mark ops to the job's graphs (two per collective in each graph traced), whose memory is "
+                 "in the steps' figures and not measured per run (docs/explanation/overhead.md)")
     return line
 
 

@@ -120,6 +120,20 @@ def test_terminal_report_after_the_run_and_from_the_directory(sparse_run):
     assert as_json.returncode == 0 and '"world_size": 2' in as_json.stdout
 
 
+def test_each_rank_measures_what_memdiag_itself_added_before_step_0(sparse_run):
+    out, result = sparse_run
+    for rank in (0, 1):
+        records = read_records(out / f"rank-{rank}.jsonl")
+        [start] = [r for r in records if r["type"] == "start"]
+        [end] = [r for r in records if r["type"] == "end"]
+        # the native marks' ring is resident from the set-up on, and inside what the set-up grew RSS by
+        assert start["marks"] == "native" and 0 < start["marks_ring_bytes"] <= start["own_setup_rss_bytes"] < 64 * 2**20
+        # two marks (begin, end) per collective of each graph traced
+        collectives = {(r["name"], r["op"], r.get("part")) for r in records if r["type"] == "collective" and r["step"] >= 0}
+        assert end["mark_ops"] >= 2 * len(collectives) and end["mark_ops"] % 2 == 0
+    assert "memdiag's own set-up grew RSS by" in " ".join(result.stdout.split())
+
+
 def test_tensorboard_shows_each_step_s_gathered_embedding_rows_of_every_rank(sparse_run, tmp_path):
     out, _ = sparse_run
     result = memdiag("report", str(out), "--format", "tensorboard", "--output", str(tmp_path / "logs"))
