@@ -364,10 +364,11 @@ class StrategyHooks(CollectiveHooks):
         previous: Any = None
         for i, name, variable in later:
             grad = labelled[i]
-            shape = row_shape(grad, variable)
-            assert shape is not None, "decide() defers only rows of known width"
+            found = row_shape(grad, variable)
+            assert found is not None, "decide() defers only rows of known width"
+            known_shape: SparseGradientShape = found
 
-            def choose(rows: Any, name: str = name, shape: SparseGradientShape = shape) -> Any:
+            def choose(rows: Any, name: str = name, shape: SparseGradientShape = known_shape) -> Any:
                 known = self.policy.decisions.get(name)
                 if known is None:
                     local = int(np.asarray(rows))

@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         status, error, exit_code = "environment", str(exc), 2
         print(f"memdiag: rank {rank}: {exc}", file=sys.stderr, flush=True)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the record file
-        status, error, exit_code = "error", "".join(traceback.format_exception(exc)), 1
+        status, error, exit_code = "error", "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)), 1
         print(f"memdiag: rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
     if status == "ok":
         _let_horovod_timeline_drain(os.environ.get("HOROVOD_TIMELINE", ""))
