@@ -7,8 +7,12 @@ are mostly duplicates). `mode="auto"` densifies the first, keeps the second on H
 path, and sums the third's duplicate rows before gathering them (dedup).
 
     mpirun -np 2 python examples/library_policy.py
+
+`--op adasum` reduces with Horovod's Adasum, which has no allgather path for an IndexedSlices: there
+`auto` densifies every table.
 """
 
+import argparse
 import json
 
 import horovod.tensorflow as hvd
@@ -19,6 +23,9 @@ import memdiag.tensorflow as mdt
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--op", choices=("average", "adasum"), default="average")
+    op = {"average": hvd.Average, "adasum": hvd.Adasum}[parser.parse_args().op]
     hvd.init()
     tf.keras.utils.set_random_seed(3)
     words = tf.keras.layers.Embedding(1000, 64, name="words")
@@ -34,7 +41,7 @@ def main() -> None:
             features = (tf.reduce_mean(words(word_ids), axis=1) + tf.reduce_mean(items(item_ids), axis=1)
                         + tf.reduce_mean(tags(tag_ids), axis=1))
             loss = tf.reduce_mean((head(features)[:, 0] - target) ** 2)
-        tape = mdt.DistributedGradientTape(tape, mode="auto")
+        tape = mdt.DistributedGradientTape(tape, mode="auto", op=op)
         variables = (words.trainable_variables + items.trainable_variables + tags.trainable_variables
                      + head.trainable_variables)
         grads = tape.gradient(loss, variables)

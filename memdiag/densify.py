@@ -313,16 +313,18 @@ class DensifyPolicy:
         return grad
 
     def apply(self, grads: list[Any], variables: list[Any] | None, process_set: Any = None,
-              script_densifies: bool = False) -> list[Any]:
-        """Gradients with every IndexedSlices converted as the policy decides: densified, merged or kept."""
+              script_densifies: bool = False, reduce_op: str | None = None) -> list[Any]:
+        """Gradients with every IndexedSlices converted as the policy decides: densified, merged or kept.
+        ``reduce_op``: the reduction Horovod will apply (None: its default, average); under any but
+        average and sum, Horovod has no allgather path, and ``auto`` densifies."""
         out = list(grads)
         items = [(getattr(var, "name", None) or f"grad_{i}", grad, var)
                  for i, (grad, var) in enumerate(paired(out, list(variables) if variables is not None
                                                          else [None] * len(out)))]
-        self.decide_in_name_order(items, script_densifies, process_set, run_time_ok=False)
+        self.decide_in_name_order(items, script_densifies, process_set, run_time_ok=False, reduce_op=reduce_op)
         for i, (name, grad, var) in enumerate(items):
             if isinstance(grad, tf.IndexedSlices):
-                out[i] = self.reduce(grad, self.decide(name, grad, var, script_densifies, process_set))
+                out[i] = self.reduce(grad, self.decide(name, grad, var, script_densifies, process_set, reduce_op))
         return out
 
 

@@ -65,6 +65,7 @@ def _with_policy(reducer: Any, policy: DensifyPolicy, process_set: Any, kwargs: 
 
     op = kwargs.get("op")
     options = {k: kwargs[k] for k in ("op", "compression", "process_set") if kwargs.get(k) is not None}
+    reduce_op = _op_name(op)
 
     def allreduce_grads(grads: Any, vars: Any = None, *args: Any, **kw: Any) -> Any:
         grads = list(grads)
@@ -74,7 +75,7 @@ def _with_policy(reducer: Any, policy: DensifyPolicy, process_set: Any, kwargs: 
                 var = vars[i] if vars is not None else None
                 if isinstance(grad, tf.IndexedSlices) and policy.needs_run_time(grad, var, process_set):
                     later[i], grads[i] = grad, None
-        reduced = reducer(policy.apply(grads, vars, process_set), vars, *args, **kw)
+        reduced = reducer(policy.apply(grads, vars, process_set, reduce_op=reduce_op), vars, *args, **kw)
         if not later:
             return reduced
         reduced = list(reduced)
@@ -87,6 +88,19 @@ def _with_policy(reducer: Any, policy: DensifyPolicy, process_set: Any, kwargs: 
         return reduced
 
     return allreduce_grads
+
+
+HOROVOD_OPS = ("Average", "Sum", "Adasum", "Min", "Max", "Product")
+
+
+def _op_name(op: Any) -> str | None:
+    """Horovod's reduce op (``hvd.Adasum`` ...) as the name memdiag's policy takes; None: Horovod's
+    default (average)."""
+    if op is None:
+        return None
+    import horovod.tensorflow as hvd
+
+    return {int(getattr(hvd, name)): name.lower() for name in HOROVOD_OPS}.get(int(op), str(op))
 
 
 def _size(process_set: Any) -> int:
