@@ -29,14 +29,24 @@ from memdiag._errors import UserError
 from memdiag.recordformat import RECORDS_FORMAT, VARYING_FIELDS, SeriesPolicy, mem_aggregates, upgrade_policy
 from memdiag.rundir import MPIRUN_LOG, RANK_FILE, RANK_GLOB, RUN_MANIFEST
 from memdiag.schema import (
+    BookkeepingRecord,
+    ChoicesRecord,
     CollectiveRecord,
+    DistinctRowsRecord,
     EndRecord,
+    FirstGradientRecord,
     KilledRecord,
     MemRecord,
+    NotAppliedRecord,
+    OwnWorkRecord,
+    ParamsFinalRecord,
+    ParamsInitialRecord,
     PolicyRecord,
     ReductionCheckRecord,
+    ReplayedRecord,
     StartRecord,
     StepRecord,
+    TerminatedRecord,
     WaitingRecord,
 )
 
@@ -269,7 +279,25 @@ class RankRecords:
     memory: list[MemRecord] = field(default_factory=list)
     reduction_checks: list[ReductionCheckRecord] = field(default_factory=list)
     waiting: list[WaitingRecord] = field(default_factory=list)
-    other: list[dict[str, Any]] = field(default_factory=list)
+    choices: list[ChoicesRecord] = field(default_factory=list)
+    params_initial: list[ParamsInitialRecord] = field(default_factory=list)
+    params_final: list[ParamsFinalRecord] = field(default_factory=list)
+    distinct_rows: list[DistinctRowsRecord] = field(default_factory=list)
+    first_gradients: list[FirstGradientRecord] = field(default_factory=list)
+    not_applied: list[NotAppliedRecord] = field(default_factory=list)
+    bookkeeping: list[BookkeepingRecord] = field(default_factory=list)
+    own_work: list[OwnWorkRecord] = field(default_factory=list)
+    terminated: list[TerminatedRecord] = field(default_factory=list)
+    replayed: list[ReplayedRecord] = field(default_factory=list)
+    other: list[dict[str, Any]] = field(default_factory=list)  # kinds this reader does not know
+
+    def side_records(self) -> Iterator[Mapping[str, Any]]:
+        """Every record beside the start, steps, memory, collectives, policies and end: each typed list,
+        then the kinds this reader does not know."""
+        for records in (self.reduction_checks, self.waiting, self.choices, self.params_initial, self.params_final,
+                        self.distinct_rows, self.first_gradients, self.not_applied, self.bookkeeping, self.own_work,
+                        self.terminated, self.replayed, self.other):
+            yield from records
     bad_lines: int = 0
 
 
@@ -330,8 +358,13 @@ def parse_records(lines: Iterable[bytes] | Iterable[str], rank: int) -> RankReco
     result = RankRecords(rank)
     # The records are read as JSON and typed by their ``type``: a field's value is what the rank wrote
     # (readers check types where a damaged file could mislead them).
-    buckets: dict[str, list[Any]] = {"reduction_check": result.reduction_checks,
-               "waiting": result.waiting}
+    buckets: dict[str, list[Any]] = {
+        "reduction_check": result.reduction_checks, "waiting": result.waiting, "choices": result.choices,
+        "params_initial": result.params_initial, "params_final": result.params_final,
+        "distinct_rows": result.distinct_rows, "first_gradient": result.first_gradients,
+        "not_applied": result.not_applied, "bookkeeping": result.bookkeeping, "own_work": result.own_work,
+        "terminated": result.terminated, "replayed": result.replayed,
+    }
     memory = _MemoryRecords(result.memory)
     version = 1  # the records' format, until the start record says (memdiag.recordformat.RECORDS_FORMAT)
     for raw in lines:
@@ -387,15 +420,34 @@ def bookkeeping_warnings(records: RankRecords) -> list[str]:
     failure, with its count (from the end record; 1 or more where the rank did not end) and first error."""
     counts = records.end.get("bookkeeping_failures") if records.end else None
     lines = []
-    for record in records.other:
-        if record.get("type") != "bookkeeping":
-            continue
+    for record in records.bookkeeping:
         what = record.get("what")
         count = counts.get(what) if isinstance(counts, dict) and isinstance(what, str) else None
         times = f"{count} time(s)" if isinstance(count, int) else "at least once"
         lines.append(f"rank {records.rank}: memdiag could not {what} ({times}; first: {record.get('error')}); "
                      "the job ran unchanged, and the figures leave that out")
     return lines
+
+
+_TYPE_FIRST = b'{"type":"'  # how every record line begins (memdiag.agent.records writes the type first)
+
+
+def line_kind(line: bytes) -> str | None:
+    """A record line's type, read from its first field without parsing the line (a reader following a
+    growing file skips the kinds it does not want at that cost); None: not a record line."""
+    if not line.startswith(_TYPE_FIRST):
+        return None
+    end = line.find(b'"', len(_TYPE_FIRST))
+    return line[len(_TYPE_FIRST):end].decode("ascii", "replace") if end > 0 else None
+
+
+def parse_line(line: bytes) -> dict[str, Any] | None:
+    """One record line as the record, or None where it is not one (cut short, damaged)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("type"), str) else None
 
 
 def read_rank_file(path: str, rank: int) -> RankRecords:

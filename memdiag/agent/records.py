@@ -39,6 +39,8 @@ class RecordWriter:
         """Queue a record; it reaches the file at the next :meth:`flush`."""
         record.setdefault("rank", self.rank)
         record.setdefault("t", time.time())
+        if next(iter(record)) != "type":  # the type first, always: a reader can tell a line's kind by it
+            record = {"type": record.get("type"), **record}
         line = json.dumps(record, separators=(",", ":"), default=_jsonable)
         with self._lock:
             self._pending.append(line)

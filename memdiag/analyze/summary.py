@@ -98,7 +98,7 @@ def rank_summary(records: RankRecords, live: dict[int, _LiveStep] | None = None)
         "own_setup_rss_bytes": records.start.get("own_setup_rss_bytes") if records.start else None,
         "marks_ring_bytes": records.start.get("marks_ring_bytes") if records.start else None,
         "mark_ops": end.get("mark_ops") if end else None,
-        "replayed_steps": next((r.get("steps") for r in records.other if r.get("type") == "replayed"), None),
+        "replayed_steps": next((r.get("steps") for r in records.replayed), None),
     }
 
 
@@ -322,9 +322,7 @@ def distinct_rows_summary(run: Run) -> list[DistinctRowsSummary]:
     by_name: dict[str, list[DistinctRowsRecord]] = defaultdict(list)
     for records in run.ranks.values():
         when = _step_of_time(records)
-        for r in records.other:
-            if r.get("type") != "distinct_rows":
-                continue
+        for r in records.distinct_rows:
             # the step whose span holds the count, not its stamp, which can lag (see _recorded_rows)
             step = when(r.get("t"), r.get("step", 0))
             if isinstance(step, int) and step >= 0:
@@ -389,9 +387,9 @@ def _recorded_rows(run: Run, names: set[str]) -> dict[str, _Recorded]:
     for rank, records in run.ranks.items():
         counted: dict[tuple[str, int], int] = defaultdict(int)
         when = _step_of_time(records)
-        for r in records.other:
+        for r in records.distinct_rows:
             step, rows = r.get("step"), r.get("rows")
-            if r.get("type") != "distinct_rows" or r.get("name") not in names or not isinstance(rows, int):
+            if r.get("name") not in names or not isinstance(rows, int):
                 continue
             # The count runs inside the graph before the step's collectives mark the step, so its own stamp
             # can be an earlier step (set-up, even): the step whose time span holds it is the one it counted.
@@ -643,20 +641,18 @@ def summarize(run: Run) -> RunSummary:
     checks = [c for records in run.ranks.values() for c in records.reduction_checks]
     choices: list[dict[str, Any]] = []
     for records in run.ranks.values():
-        for c in (r for r in records.other if r.get("type") == "choices"):
+        for c in records.choices:
             choice = {k: v for k, v in c.items() if k not in ("type", "rank", "t", "step")}
             if choice not in choices:
                 choices.append(choice)
-    params = {kind: {r: rec.get("digest") for r, records in run.ranks.items()
-                     for rec in records.other if rec.get("type") == kind}
-              for kind in ("params_initial", "params_final")}
+    params = {"params_initial": {r: rec.get("digest") for r, records in run.ranks.items() for rec in records.params_initial},
+              "params_final": {r: rec.get("digest") for r, records in run.ranks.items() for rec in records.params_final}}
     first_gradients: dict[str, dict[str, FirstGradient]] = {}
     for r, records in sorted(run.ranks.items()):
-        for rec in records.other:
-            if rec.get("type") == "first_gradient":
-                first_gradients.setdefault(str(rec["name"]), {}).setdefault(str(r), {
-                    "step": rec.get("step"), "rows": rec.get("rows"), "indices_digest": rec.get("indices_digest"),
-                    "values_digest": rec.get("values_digest")})
+        for rec in records.first_gradients:
+            first_gradients.setdefault(str(rec["name"]), {}).setdefault(str(r), {
+                "step": rec.get("step"), "rows": rec.get("rows"), "indices_digest": rec.get("indices_digest"),
+                "values_digest": rec.get("values_digest")})
     summary: RunSummary = {
         "format": rundir.SUMMARY_FORMAT,
         "workload": m.get("workload"),
@@ -704,11 +700,11 @@ def summarize(run: Run) -> RunSummary:
         "warnings": list(run.warnings),
     }
     if summary["engine"] == "horovod":
-        other = [record for records in run.ranks.values() for record in records.other]
-        labelling = next((str(r.get("error")) for r in other if r.get("type") == "bookkeeping"
-                          and str(r.get("what", "")).startswith("label")), None)
+        labelling = next((str(r.get("error")) for records in run.ranks.values() for r in records.bookkeeping
+                          if str(r.get("what", "")).startswith("label")), None)
+        not_applied = [r for records in run.ranks.values() for r in records.not_applied]
         summary["mode_applied"] = mode_applied(summary["mode"], collectives, summary["policy"],
-                                               not_applied_reasons(other), labelling)
+                                               not_applied_reasons(not_applied), labelling)
     attribution = attribution_entry(run.path)
     if attribution is not None:  # only when the run has memray files
         summary["attribution"] = attribution

@@ -16,16 +16,13 @@ from memdiag import __version__, agreement, ports, rundir
 from memdiag._errors import UserError
 from memdiag.agent import replay
 from memdiag.agentconfig import ENGINES, HOROVOD, TF_DISTRIBUTE, TF_DISTRIBUTE_MODES, TF_DISTRIBUTE_WORKLOADS, AgentConfig
-from memdiag.collect import RankRecords, Run, load_run
+from memdiag.collect import RankRecords, Run, line_kind, load_run, parse_line
 from memdiag.launch import mpirun
 from memdiag.launch.options import LaunchOptions
 from memdiag.policy import AS_WRITTEN, MODES
 from memdiag.schema import SETUP_STEP
 from memdiag.workloads import WORKLOADS
 from memdiag.workloads import check as check_workload
-
-# How the set-up step's record reads in a rank file (records are written compactly).
-_SETUP_STEP_FIELD = b'"step":%d' % SETUP_STEP
 
 
 @dataclass(frozen=True)
@@ -227,25 +224,18 @@ class StepWatcher:
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
         for line in lines:
-            if line.startswith(b'{"type":"step"') and _SETUP_STEP_FIELD not in line:
+            kind = line_kind(line)  # the other kinds are skipped unparsed
+            record = parse_line(line) if kind in ("step", "mem") else None
+            if record is None or record.get("step") == SETUP_STEP:
+                continue
+            if kind == "step":
                 self.progress.steps += 1
-                peak = _field(line, "peak_rss_bytes")
+                peak = record.get("peak_rss_bytes")
                 if isinstance(peak, int):
                     self.progress.peak_bytes = max(peak, self.progress.peak_bytes or 0)
-            elif line.startswith(b'{"type":"mem"') and _SETUP_STEP_FIELD not in line:
-                rss = _field(line, "rss_last")
-                if isinstance(rss, int):
-                    self.progress.rss_bytes = rss
+            elif isinstance(rss := record.get("rss_last"), int):
+                self.progress.rss_bytes = rss
         return self.steps
-
-
-def _field(line: bytes, name: str) -> Any:
-    import json
-
-    try:
-        return json.loads(line).get(name)
-    except ValueError:
-        return None
 
 
 def progress_parts(what: str, elapsed_s: float, ranks: list[RankProgress]) -> list[str]:
@@ -413,7 +403,7 @@ def _signal_name(signum: int) -> str:
 def stopped_at(records: RankRecords) -> int | None:
     """The last training step a rank recorded (its last ``step`` record, or a later step its records
     name: a collective in flight, a ``terminated`` record); None before its first step."""
-    found = [step for r in (*records.steps, records.killed, records.end, *records.other)
+    found = [step for r in (*records.steps, records.killed, records.end, *records.side_records())
              if r is not None and isinstance(step := r.get("step"), int) and step >= 0]
     if records.collectives:
         last = records.collectives[-1].get("step")

@@ -68,7 +68,7 @@ def test_reader_survives_any_truncation_or_corruption(tmp_path_factory, cut, noi
     # WHEN it is read
     records = parse_records((damaged[:at] + noise + damaged[at:]).split(b"\n"), 0)
     kept = (len(records.steps) + len(records.collectives) + len(records.memory) + len(records.policies)
-            + len(records.other) + (records.start is not None) + (records.end is not None))
+            + len(list(records.side_records())) + (records.start is not None) + (records.end is not None))
     # THEN nothing raises, and the noise costs at most the one line it landed in
     assert kept >= complete - 1
     if not noise:
@@ -202,3 +202,20 @@ def test_a_summary_of_the_first_format_reads_with_whose_rows_named_and_an_unknow
     # AND what summarize writes now carries the current format
     run = make_run(tmp_path / "run")
     assert summarize(load_run(str(run)))["format"] == SUMMARY_FORMAT
+
+
+def test_every_line_the_writer_writes_begins_with_its_type_and_the_reader_tells_its_kind_unparsed(tmp_path):
+    from memdiag.agent.records import RecordWriter
+    from memdiag.collect import line_kind, parse_line
+
+    writer = RecordWriter(str(tmp_path / "rank-0.jsonl"), 0)
+    writer.add({"step": 3, "type": "step", "peak_rss_bytes": 7})  # a record built with its type last
+    writer.write_now({"type": "mem", "step": 3, "rss_last": 5})
+    writer.close()
+    lines = (tmp_path / "rank-0.jsonl").read_bytes().splitlines()
+    assert [line_kind(line) for line in lines] == ["step", "mem"]
+    assert [parse_line(line) for line in lines][0] == {"type": "step", "step": 3, "peak_rss_bytes": 7, "rank": 0,
+                                                       "t": parse_line(lines[0])["t"]}
+    for damaged in (b"", b'{"type":"st', b"not json", b'{"step": 1}', lines[0][:-3]):
+        assert parse_line(damaged) is None
+    assert line_kind(b'{"step":1,"type":"step"}') is None and parse_line(b'{"step":1,"type":"step"}') is not None
