@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from memdiag.workloads.configs import PRESETS
@@ -64,12 +66,71 @@ def test_compare_writes_rows_growth_and_correctness(comparison):
     assert {e["name"] for e in entries if e.get("optimizer_input") == "dense"} == kept
 
 
+UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def assert_shows(cell: str, n: float) -> None:
+    """``cell`` shows ``n`` bytes: a number and a binary unit, to the 3 significant figures (or whole
+    units from 100 up, whole bytes below 1 KiB) the reports give."""
+    number, unit = cell.split()
+    shown = float(number) * UNITS[unit]
+    assert abs(shown - n) <= (1 if unit == "B" else 0.005 * abs(n)), f"{cell!r} shows {shown}, not {n}"
+
+
+def markdown_tables(text: str) -> list[list[list[str]]]:
+    """Every Markdown table of ``text``: its rows (the header first, the --- line left out) as cells."""
+    tables: list[list[list[str]]] = []
+    previous = ""
+    for line in text.splitlines():
+        if line.startswith("|") and not line.startswith("|---"):
+            if not previous.startswith("|"):
+                tables.append([])
+            tables[-1].append([c.strip() for c in line.strip().strip("|").split("|")])
+        previous = line
+    return tables
+
+
 def test_compare_report_rerenders_from_the_directory(comparison):
+    # GIVEN the comparison of modes sparse, dense, auto and dedup at 1 and 2 ranks, and the compare.json it wrote
     out, _ = comparison
+    data = read_json(out / "compare.json")
+    pairs = {(n, m) for n in (1, 2) for m in ("sparse", "dense", "auto", "dedup")}
+    peaks = {(r["world_size"], r["mode"]): r["steady_peak_rss_bytes_median"] for r in data["rows"]}
+    assert set(peaks) == pairs and all(peaks.values())
+    # WHEN `memdiag report DIR` reads it in each format
     again = memdiag("report", str(out))
-    assert again.returncode == 0 and "Correctness PASSED" in again.stdout
+    as_json = memdiag("report", str(out), "--format", "json")
     md = memdiag("report", str(out), "--format", "markdown")
-    assert md.returncode == 0 and md.stdout.startswith("## compare sparse-vs-dense")
+    assert again.returncode == 0 and as_json.returncode == 0 and md.returncode == 0, again.stderr + md.stderr
+    # THEN the JSON is compare.json itself: the same rows, growth and correctness
+    assert json.loads(as_json.stdout) == data
+    # AND the text table has a row per (N, mode) showing compare.json's peak, and the verdict
+    text_rows: dict[tuple[int, str], list[str]] = {}
+    for line in again.stdout.splitlines():
+        cells = [c.strip() for c in line.strip().strip("│").split("│")] if line.startswith("│") else []
+        if len(cells) > 2 and cells[0].isdigit():
+            text_rows.setdefault((int(cells[0]), cells[1]), cells)
+    assert set(text_rows) == pairs
+    for key, cells in text_rows.items():
+        assert_shows(cells[2], peaks[key])
+    assert "Correctness PASSED" in again.stdout
+    # AND the Markdown names the comparison, then has one row per (N, mode) with its peak, collective
+    # bytes and status as compare.json says, one row per mode with its growth, and the verdict
+    assert md.stdout.startswith("## compare sparse-vs-dense: transformer\n")
+    table, growth = markdown_tables(md.stdout)
+    assert table[0] == ["N", "mode", "peak RSS (max)", "collective bytes/rank/step", "step time", "status"]
+    keys = [(int(row[0]), row[1]) for row in table[1:]]
+    assert sorted(keys) == sorted(pairs)  # each once
+    for row in table[1:]:
+        [source] = [r for r in data["rows"] if (r["world_size"], r["mode"]) == (int(row[0]), row[1])]
+        assert_shows(row[2], source["steady_peak_rss_bytes_median"])
+        assert_shows(row[3], source["collective_bytes_per_rank"])
+        assert row[5] == source["status"] == "ok"
+    assert growth[0] == ["mode", "peak RSS growth per added rank"]
+    assert sorted(row[0] for row in growth[1:]) == ["auto", "dedup", "dense", "sparse"]
+    for mode, shown in growth[1:]:
+        assert_shows(shown, data["growth_bytes_per_rank"][mode])
+    assert "Correctness passed: True" in md.stdout
 
 
 def test_predict_from_the_comparison_is_exact_for_collective_bytes(comparison):

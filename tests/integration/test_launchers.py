@@ -7,6 +7,7 @@ The Slurm launchers (srun, sbatch, salloc, horovodrun) are the Slurm tier's: tes
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -21,6 +22,47 @@ from tests.launchers import MARKER_SCRIPT, collective_signature, end_records, me
 
 SCRIPT = "examples/user_tape_function.py"
 STEPS = "3"
+
+# What the script reduces at each training step on each of 2 ranks, from its defaults (vocab 1000,
+# width 32, 256 tokens per rank per step) and its layers "words", "hidden" and "head" (Keras 2 names a
+# layer's variables "layer/variable:0"): the embedding's IndexedSlices gradient gathered as values
+# (256 rows of 32 float32) and indices (256 int64: the script's numpy ids, which Keras keeps), and the
+# four dense gradients allreduced. (op, name, part, shape_in, shape_out, bytes_out)
+WIDTH, TOKENS = 32, 256
+GRADIENT_COLLECTIVES = sorted([
+    ("allgather", "words/embeddings:0", "values", [TOKENS, WIDTH], [2 * TOKENS, WIDTH], 2 * TOKENS * WIDTH * 4),
+    ("allgather", "words/embeddings:0", "indices", [TOKENS], [2 * TOKENS], 2 * TOKENS * 8),
+    ("allreduce", "hidden/kernel:0", None, [WIDTH, WIDTH], [WIDTH, WIDTH], WIDTH * WIDTH * 4),
+    ("allreduce", "hidden/bias:0", None, [WIDTH], [WIDTH], WIDTH * 4),
+    ("allreduce", "head/kernel:0", None, [WIDTH, 4], [WIDTH, 4], WIDTH * 4 * 4),
+    ("allreduce", "head/bias:0", None, [4], [4], 4 * 4),
+], key=str)
+GATHERED_PER_STEP = 2 * TOKENS * (WIDTH * 4 + 8)  # 69,632 B received per rank per step
+REDUCED_PER_STEP = (WIDTH * WIDTH + WIDTH + WIDTH * 4 + 4) * 4  # 4,752 B
+VARIABLES = {"words/embeddings:0", "hidden/kernel:0", "hidden/bias:0", "head/kernel:0", "head/bias:0"}
+
+
+def assert_recorded_the_scripts_steps(run_dir: Path) -> None:
+    """Each of the 2 ranks' own records (read as written, not by memdiag's reader): it started as its rank of
+    2, recorded the set-up and steps 0, 1, 2, reduced the script's gradients at each step, broadcast the
+    variables after the first step only (as the script does), and ended ok."""
+    for rank in (0, 1):
+        records = read_records(run_dir / f"rank-{rank}.jsonl")
+        [start] = [r for r in records if r["type"] == "start"]
+        assert (start["rank"], start["size"]) == (rank, 2)
+        assert [r["step"] for r in records if r["type"] == "step"] == [-1, 0, 1, 2], f"rank {rank}"
+        collectives = [r for r in records if r["type"] == "collective"]
+        for step in range(int(STEPS)):
+            gradients = sorted(((c["op"], c["name"], c["part"], c["shape_in"], c["shape_out"], c["bytes_out"])
+                                for c in collectives if c["step"] == step and c.get("gradient")), key=str)
+            assert gradients == GRADIENT_COLLECTIVES, f"rank {rank} step {step}"
+        broadcast: dict[int, set[str]] = {}
+        for c in collectives:
+            if c["op"] == "broadcast":
+                broadcast.setdefault(c["step"], set()).add(c["name"])
+        assert set(broadcast) == {0} and broadcast[0] >= VARIABLES, f"rank {rank}: {broadcast}"
+        [end] = [r for r in records if r["type"] == "end"]
+        assert end["status"] == "ok" and end["error"] is None
 
 
 @pytest.fixture(scope="module")
@@ -46,33 +88,96 @@ def user_mpirun(runs_root):
 
 @pytest.mark.mpi
 def test_agent_under_the_users_mpirun_records_the_same_collectives_as_memdiag_run(reference, user_mpirun):
+    # GIVEN the script run by `memdiag run -n 2` and by the user's mpirun -np 2 starting `memdiag agent`
     out, result = user_mpirun
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # THEN each rank of each recorded the script's 3 steps and, at each, the collectives the script makes
+    assert_recorded_the_scripts_steps(reference)
+    assert_recorded_the_scripts_steps(out)
+    # AND the two record every collective alike, step by step (times aside)
     for rank in (0, 1):
         mine, theirs = collective_signature(out, rank), collective_signature(reference, rank)
         assert mine and mine == theirs, f"rank {rank}"
-    ours, ref = read_json(out / "summary.json"), read_json(reference / "summary.json")
-    assert [r["allgather_bytes_per_step"] for r in ours["ranks"]] == [r["allgather_bytes_per_step"] for r in ref["ranks"]]
+    # AND both summaries give each rank the bytes the script gathers and reduces per step
+    for run_dir in (out, reference):
+        ranks = read_json(run_dir / "summary.json")["ranks"]
+        assert [(r["rank"], r["status"], r["steps_completed"]) for r in ranks] == [(0, "ok", 3), (1, "ok", 3)]
+        assert [r["allgather_bytes_per_step"] for r in ranks] == [GATHERED_PER_STEP] * 2, run_dir
+        assert [r["allreduce_bytes_per_step"] for r in ranks] == [REDUCED_PER_STEP] * 2, run_dir
 
 
 @pytest.mark.mpi
 def test_agent_run_json_names_the_launcher_its_command_and_every_ranks_exit(user_mpirun):
+    import socket
+
+    # GIVEN the run directory the agents wrote under the user's mpirun (-np 2 --map-by slot --tag-output)
     out, _ = user_mpirun
     manifest = read_json(out / "run.json")
+    # THEN run.json names mpirun as the launcher, and the run and each rank ok, each rank's exit status 0
     assert manifest["launcher"] == "mpirun" and manifest["status"] == "ok"
     assert manifest["rank_status"] == {"0": "ok", "1": "ok"} and manifest["rank_exit_codes"] == {"0": 0, "1": 0}
-    # rank 0's parent: the user's mpirun, with the user's own flags
-    assert "--map-by" in manifest["command"] and os.path.basename(manifest["command"][0]) == "mpirun"
+    # AND its command is rank 0's parent: the user's mpirun, with the user's own flags in the user's order
+    command = manifest["command"]
+    assert os.path.basename(command[0]) == "mpirun" and command[command.index("-np") + 1] == "2"
+    assert command[command.index("--map-by") + 1] == "slot" and "--tag-output" in command
     assert manifest["world_size"] == 2 and manifest["script"].endswith(SCRIPT)
     assert manifest["user_command"] == ["python", SCRIPT, "--steps", STEPS]
+    # AND each rank stopped at the script's last step (2 of 0-2), both on this host, which is the one host
+    assert manifest["rank_stopped_at_step"] == {"0": int(STEPS) - 1, "1": int(STEPS) - 1}
+    assert manifest["placement"] == [socket.gethostname()] * 2 and manifest["hosts"] is None
+    assert manifest["versions"]["horovod"] and manifest["versions"]["tensorflow"]
+    # AND every rank checked in with this run's id and left its exit status beside it
+    agents = out / ".memdiag-agents"
+    for rank in (0, 1):
+        start, end = read_json(agents / f"rank-{rank}.start.json"), read_json(agents / f"rank-{rank}.end.json")
+        assert start["run_id"] == end["run_id"] == manifest["run_id"] and start["rank"] == end["rank"] == rank
+        assert end["exit_code"] == 0
+
+
+UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+
+
+def assert_shows(cell: str, n: int) -> None:
+    """``cell`` shows ``n`` bytes, to the 3 significant figures the reports give."""
+    number, unit = cell.split()
+    assert abs(float(number) * UNITS[unit] - n) <= 0.005 * n, f"{cell!r} is not {n} B"
 
 
 @pytest.mark.mpi
 def test_report_reads_an_agent_run_directory(user_mpirun):
+    # GIVEN the run directory the agents wrote under the user's mpirun
     out, _ = user_mpirun
+    # WHEN `memdiag report` reads it, as text and as JSON (the summary recomputed from the records)
     result = memdiag("report", str(out))
-    assert result.returncode == 0, result.stderr
-    assert "status ok" in result.stdout
+    as_json = memdiag("report", str(out), "--format", "json")
+    assert result.returncode == 0 and as_json.returncode == 0, result.stderr + as_json.stderr
+    # THEN the text names the script's run: 2 ranks, 3 steps, as written, ok
+    flat = " ".join(result.stdout.split())
+    assert "user_tape_function" in flat and "mode as-written ranks 2 steps 3 status ok" in flat
+    assert "measured as written: memdiag changed nothing in the job" in flat
+    # AND one row per rank, ok, with the bytes the script gathers and reduces per step
+    rows = {}
+    for line in result.stdout.splitlines():
+        cells = [c.strip() for c in line.strip().strip("│").split("│")] if line.startswith("│") else []
+        if cells and cells[0] in ("0", "1"):
+            rows[cells[0]] = cells
+    assert sorted(rows) == ["0", "1"]
+    for cells in rows.values():
+        status, _peak, _hwm, gathered, reduced = cells[1:6]
+        assert status == "ok"
+        assert_shows(gathered, GATHERED_PER_STEP)
+        assert_shows(reduced, REDUCED_PER_STEP)
+    # AND the tensor table names the embedding's gathered values and indices, 256 rows in, 512 out
+    assert "words/embeddings [values]" in flat and "words/embeddings [indices]" in flat
+    assert flat.count(f"{TOKENS}>{2 * TOKENS}") == 2
+    # AND the recomputed summary has what the agents' summary.json has, and the records say
+    summary, written = json.loads(as_json.stdout), read_json(out / "summary.json")
+    assert (summary["world_size"], summary["status"], summary["steps_recorded"]) == (2, "ok", 3)
+    figures = ("rank", "status", "steps_completed", "allgather_bytes_per_step", "allreduce_bytes_per_step")
+    assert [{k: r[k] for k in figures} for r in summary["ranks"]] == \
+        [{k: r[k] for k in figures} for r in written["ranks"]] == \
+        [{"rank": r, "status": "ok", "steps_completed": 3, "allgather_bytes_per_step": GATHERED_PER_STEP,
+          "allreduce_bytes_per_step": REDUCED_PER_STEP} for r in (0, 1)]
 
 
 # -- bad input: one line, exit status 2, the user's script not started --------------------------------
@@ -267,7 +372,9 @@ def _median_gap(path: Path) -> float:
 BUSY_SCRIPT = "import time\nstart = time.monotonic()\nwhile time.monotonic() - start < 1.0:\n    pass\n"
 
 
+# The extended tier, with the other memray tests (about 23 s on 2 cores: memray's native tracking)
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_memray_and_fine_sampling_only_on_the_ranks_named(runs_root, tmp_path):
     out = runs_root / "some-ranks"
     script = tmp_path / "busy.py"

@@ -47,10 +47,30 @@ def test_run_report_shows_ranks_tensors_and_consistency(tmp_path):
 
 
 def test_run_report_names_a_dead_rank_and_warns_about_missing_records(tmp_path):
-    path = make_run(tmp_path / "r", world_size=2, steps=4, kill_rank_after=0)
+    # GIVEN a run of 3 ranks and 4 steps in which rank 1 stopped after step 0 without an end record and
+    # rank 2 wrote no record at all, its run.json completed as the launcher completes it: a rank that is
+    # not ok makes the run "failed" (memdiag.launch.session.conclude)
+    path = make_run(tmp_path / "r", world_size=3, steps=4, kill_rank_after=0)
+    (path / "rank-2.jsonl").unlink()
+    manifest = json.loads((path / "run.json").read_text())
+    manifest.update(status="failed", rank_status={"0": "ok", "1": "died", "2": "missing"})
+    (path / "run.json").write_text(json.dumps(manifest))
+    # WHEN its report is drawn
     run = load_run(str(path))
     text = render(summarize(run), run.manifest)
-    assert "died" in text
+    flat = " ".join(text.split())
+    # THEN the header says the run failed, and the rank table has rank 0 ok and rank 1 died
+    assert "ranks 3" in flat and "status failed" in flat
+    ranks = rows_by_key(text, keys=1)
+    assert_row(ranks, ("0",), "ok")
+    assert_row(ranks, ("1",), "died")
+    # AND the headline names rank 1, alone, as the rank whose record of why it ended is missing
+    assert "rank(s) 1 ended without a record of why (killed by a signal?); see mpirun.log" in flat
+    # AND the warning names rank 2, alone, as the rank of which no record is there
+    warnings = [line.strip() for line in text.splitlines() if line.startswith("warning:")]
+    assert warnings == ["warning: no records from rank(s) 2"]
+    # AND the parameter check covers only step 0, the one step rank 1 recorded
+    assert "parameters identical on all ranks at each of 1 steps" in flat
 
 
 def test_report_fits_an_80_column_terminal(tmp_path):

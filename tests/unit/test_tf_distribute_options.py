@@ -12,7 +12,8 @@ from memdiag._errors import UserError
 from memdiag.agentconfig import AgentConfig
 from memdiag.cli import build_parser
 from memdiag.launch.options import LaunchOptions
-from memdiag.launch.session import RunRequest, agent_config, validate
+from memdiag.launch.session import RunRequest, agent_config, run_manifest, validate
+from memdiag.policy import MODES
 
 
 @pytest.fixture
@@ -41,39 +42,105 @@ def test_an_unknown_engine_is_refused_by_the_parser(script, capsys):
     assert "--engine" in err and "tf-distribute" in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("mode", ["as-written", "sparse", "dense", "auto"])
+# What docs/reference/commands.md and docs/howto/mwms.md promise --engine tf-distribute runs, for now.
+SUPPORTED_MODES = ["as-written", "sparse", "dense", "auto"]
+
+
+@pytest.mark.parametrize("mode", SUPPORTED_MODES)
 def test_a_script_in_the_supported_modes_passes(script, mode):
-    validate(RunRequest(script, 2, mode, engine="tf-distribute"))
+    # GIVEN a script under the engine in a supported mode
+    request = RunRequest(script, 2, mode, engine="tf-distribute")
+    # WHEN it is validated, THEN nothing is refused
+    assert validate(request) is None
+    # AND the ranks are told to run that script with that engine in that mode, and run.json says so
+    config = agent_config(request, "abc", "run-dir")
+    assert (config.script, config.workload, config.engine, config.mode) == (script, None, "tf-distribute", mode)
+    assert AgentConfig.decode(config.encode()).mode == mode
+    manifest = run_manifest(request, "abc", config, "mpirun")
+    assert (manifest["engine"], manifest["mode"], manifest["workload"], manifest["world_size"]) == \
+        ("tf-distribute", mode, "train", 2)
+
+
+def test_the_modes_outside_the_supported_ones_are_refused_for_a_script(script):
+    # GIVEN every mode memdiag knows; WHEN a script is validated under the engine in each
+    refused = {}
+    for mode in MODES:
+        try:
+            validate(RunRequest(script, 2, mode, engine="tf-distribute"))
+        except UserError as exc:
+            refused[mode] = str(exc)
+    # THEN exactly those outside the supported ones are refused, with the ones to choose instead
+    assert sorted(refused) == sorted(set(MODES) - set(SUPPORTED_MODES)) == ["dedup"]
+    assert refused["dedup"] == "--engine tf-distribute supports --mode as-written, sparse, dense, auto for now, " \
+                               "not dedup"
 
 
 @pytest.mark.parametrize("target", ["transformer", "mixed"])
 @pytest.mark.parametrize("mode", [None, "as-written", "sparse", "dense", "auto"])
 def test_the_transformer_and_mixed_workloads_in_the_supported_modes_pass(target, mode):
+    # GIVEN a built-in workload the engine runs, in a supported mode or none
     request = RunRequest(target, 2, mode, LaunchOptions(preset="tiny", max_warmup=3), engine="tf-distribute")
-    validate(request)
+    # WHEN it is validated, THEN nothing is refused
+    assert validate(request) is None
+    # AND the ranks are told to run that workload's preset with the engine in that mode
     config = agent_config(request, "abc", "run-dir")
-    assert config.workload == target and config.engine == "tf-distribute" and config.max_warmup == 3
+    assert config.workload == target and config.script is None and config.preset == "tiny"
+    assert config.engine == "tf-distribute" and config.max_warmup == 3
     assert config.mode == (mode or "sparse")  # a built-in workload's default: what its code does
+    manifest = run_manifest(request, "abc", config, "mpirun")
+    assert (manifest["workload"], manifest["preset"], manifest["engine"], manifest["mode"]) == \
+        (target, "tiny", "tf-distribute", mode or "sparse")
 
 
-@pytest.mark.parametrize("target, mode, options, message", [
-    ("resnet50", None, {}, "not resnet50"),
-    ("transformer", "dedup", {}, "not dedup"),
-    ("transformer", None, {"horovod_timeline": True}, "needs --engine horovod"),
-    ("SCRIPT", "dedup", {}, "not dedup"),
-    ("SCRIPT", None, {"horovod_timeline": True}, "needs --engine horovod"),
+# (what is refused, what the error tells the user to do instead)
+WORKLOAD_NOT_RUN = ("runs a training script or the workloads transformer, mixed for now, not resnet50",
+                    "use --engine horovod for it")
+MODE_NOT_RUN = ("not dedup", "supports --mode as-written, sparse, dense, auto")
+TIMELINE = ("--horovod-timeline records Horovod's own timeline", "it needs --engine horovod")
+
+
+@pytest.mark.parametrize("target, mode, options, says", [
+    ("resnet50", None, {}, WORKLOAD_NOT_RUN),
+    ("transformer", "dedup", {}, MODE_NOT_RUN),
+    ("transformer", None, {"horovod_timeline": True}, TIMELINE),
+    ("SCRIPT", "dedup", {}, MODE_NOT_RUN),
+    ("SCRIPT", None, {"horovod_timeline": True}, TIMELINE),
 ])
-def test_what_the_engine_does_not_support_yet_is_a_one_line_error(script, target, mode, options, message):
+def test_what_the_engine_does_not_support_yet_is_a_one_line_error(script, target, mode, options, says):
+    # GIVEN a request the engine does not run yet
     target = script if target == "SCRIPT" else target
-    with pytest.raises(UserError, match=message) as exc:
-        validate(RunRequest(target, 2, mode, LaunchOptions(**options), engine="tf-distribute"))
-    assert "\n" not in str(exc.value)
+    request = RunRequest(target, 2, mode, LaunchOptions(**options), engine="tf-distribute")
+    # WHEN it is validated, THEN it is refused in one line that says what is refused and what to do instead
+    with pytest.raises(UserError) as exc:
+        validate(request)
+    message = str(exc.value)
+    what, fix = says
+    assert what in message and fix in message and "\n" not in message
+    assert message.startswith("--engine tf-distribute") or message.startswith("--horovod-timeline")
+    # AND the same request under Horovod passes: the engine is what refused it
+    assert validate(RunRequest(target, 2, mode, LaunchOptions(**options), engine="horovod")) is None
 
 
 @pytest.mark.parametrize("target", ["SCRIPT", "transformer", "mixed"])
 def test_hosts_pass_with_the_engine(script, target):
-    validate(RunRequest(script if target == "SCRIPT" else target, 4, None,
-                        LaunchOptions(preset="tiny", hosts="node1:2,node2:2"), engine="tf-distribute"))
+    from memdiag.launch import mpirun
+
+    # GIVEN 4 ranks under the engine on two hosts of 2 slots each
+    request = RunRequest(script if target == "SCRIPT" else target, 4, None,
+                         LaunchOptions(preset="tiny", hosts="node1:2,node2:2"), engine="tf-distribute")
+    # WHEN it is validated, THEN nothing is refused
+    assert validate(request) is None
+    # AND run.json places ranks 0, 1 on node1 and 2, 3 on node2 (slots filled in order), and mpirun is given the hosts
+    config = agent_config(request, "abc", "run-dir")
+    manifest = run_manifest(request, "abc", config, "mpirun")
+    assert manifest["engine"] == "tf-distribute" and manifest["hosts"] == "node1:2,node2:2"
+    assert manifest["placement"] == ["node1", "node1", "node2", "node2"]
+    command = mpirun.command(mpirun.Launch(4, [config.encode()], hosts=request.options.hosts))
+    assert command[command.index("-H") + 1] == "node1:2,node2:2" and command[1:3] == ["-np", "4"]
+    # AND hosts without a slot count that reads are still refused under the engine, with an example to follow
+    bad = RunRequest(request.target, 4, None, LaunchOptions(preset="tiny", hosts="node1:two"), engine="tf-distribute")
+    with pytest.raises(UserError, match="'node1:two' needs a positive slot count, e.g. node1:4"):
+        validate(bad)
 
 
 def test_free_ports_are_distinct_and_free():
