@@ -96,6 +96,8 @@ def key_value(text: str) -> tuple[str, str]:
 def add_launch_options(parser: argparse.ArgumentParser, default_steps: int,
                        default_warmup: int = DEFAULTS.max_warmup) -> None:
     """Options common to every verb that starts ranks."""
+    parser.add_argument("--quiet", "-q", action="store_true",
+                        help="no progress while the job runs (the report and errors still print)")
     parser.add_argument("--steps", type=positive_int("--steps"), default=default_steps,
                         help=f"training steps per run (default {default_steps})")
     parser.add_argument("--preset", default=DEFAULTS.preset,

@@ -44,7 +44,7 @@ class CompareCommand:
         request = CompareRequest(args.target, parse_rank_list(args.ranks), modes,
                                  LaunchOptions.from_args(args, script_args), out=args.out, force=args.force,
                                  repeats=args.repeats, fault=args.inject_fault, engine=args.engine)
-        result = run_compare(request, Console(stderr=True))
+        result = run_compare(request, Console(stderr=True, quiet=args.quiet))
         print_compare(result, Console())
         Console().print(f"comparison directory: {result['directory']}")
         return 0 if result["all_ok"] and result["correctness"]["passed"] is not False else 1

@@ -45,8 +45,11 @@ class RunCommand:
         console = Console(stderr=True)
         engine = "" if request.engine == HOROVOD else f", engine {request.engine}"
         what = f"running {request.label} on {request.world_size} rank(s), mode {request.mode}{engine}"
-        with console.status(what) as status:
-            out = execute(request, on_ranks=live_display(what, status, console))
+        if args.quiet:
+            out = execute(request)
+        else:
+            with console.status(what) as status:
+                out = execute(request, on_ranks=live_display(what, status, console))
         run = load_run(out)
         summary = rundir.read_summary(out)
         print_run(summary, run.manifest, Console())

@@ -70,7 +70,7 @@ class ScaleCommand:
             raise UserError("choose --weak (same batch per rank) or --strong (same global batch)")
         request = ScaleRequest(args.target, parse_rank_list(args.ranks, "--ranks"), args.scaling, args.mode,
                                LaunchOptions.from_args(args, script_args), out=args.out, force=args.force)
-        result = run_scale(request, projection, Console(stderr=True))
+        result = run_scale(request, projection, Console(stderr=True, quiet=getattr(args, "quiet", False)))
         print_scale(result, Console())
         Console().print(f"scale directory: {result['directory']}")
         ok = all(row["status"] == "ok" for row in result["rows"]) and result["projection_error"] is None

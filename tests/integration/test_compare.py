@@ -173,6 +173,7 @@ def test_an_injected_wrong_reduction_fails_the_verification(runs_root):
     assert [check["passed"] for check in c["checks"] if check["mode"] == "dense"] == [False]
     assert c["update_allowance"] is not None and c["update_allowance"] < 0.01
     assert "Correctness FAILED" in result.stdout
+    assert "finished N=2 sparse" in result.stderr  # progress, without --quiet
     # AND the second look, the dense run again with MPI's allreduce in rank order, does not excuse it
     [dense] = [check for check in c["checks"] if check["mode"] == "dense"]
     assert dense["rank_order"]["run"] == "verify-order-n2-dense" and dense["rank_order"]["passed"] is False
@@ -189,7 +190,7 @@ def test_merging_that_drops_duplicates_fails_the_verification(runs_root):
     # GIVEN merged gradients that keep one row per index instead of summing the duplicates
     out = runs_root / "compare-drop"
     result = memdiag("compare", "sparse-vs-dense", "transformer", "-n", "2", "--modes", "sparse,dedup",
-                     "--steps", "2", "--inject-fault", "drop-duplicates", "--out", str(out))
+                     "--steps", "2", "--inject-fault", "drop-duplicates", "--out", str(out), "--quiet")
     # THEN the merged reduction check and dedup's parameters both fail; the dense check still passes
     assert result.returncode == 1
     c = read_json(out / "compare.json")["correctness"]
@@ -198,3 +199,5 @@ def test_merging_that_drops_duplicates_fails_the_verification(runs_root):
     assert by["dedup"]["passed"] is False and by["dense"]["passed"] is True
     assert [check["passed"] for check in c["checks"] if check["mode"] == "dedup"] == [False]
     assert "Correctness FAILED" in result.stdout
+    # AND --quiet left out the progress (a line per finished run, which the fault test's comparison prints)
+    assert "finished" not in result.stderr and "Traceback" not in result.stderr
