@@ -163,6 +163,9 @@ def test_horovod_without_tensorflow_support_is_one_line_and_leaves_no_run(tmp_pa
     assert not out.exists()
 
 
+# The extended tier (a run and a comparison, about 35 s on 2 cores): the core tier's memory-limit tests
+# kill a rank at its limit and keep its steps; this one is the comparison's headline under a limit.
+@pytest.mark.slow
 def test_a_limit_between_the_dense_and_the_sparse_peak_kills_only_sparse(runs_root):
     # GIVEN a user's script whose table is small (1000 x 256) and whose lookups are many (100,000 ids per
     # rank per step): sparse gathers 2 x 100,000 rows of 1 KiB at N=2, about 195 MiB and as much again
