@@ -133,15 +133,16 @@ class Tracer:
         """Write the step's memory record and everything buffered during it, then flush. ``at``: the
         step ended at that time, already past (a native mark read late): the samples after it are
         the next step's. The kernel's high-water mark, read now, holds everything since the step began:
-        read within a sampling interval of the step's end it is the step's exact peak; read later (marks
-        drained in a batch, ``--record-every``), it holds later steps too, so the step keeps its sampled
-        peak (``exact_peak`` false) and the mark counts only in the run's peak (``hwm_bytes``)."""
+        read within two sampling intervals of the step's end (a drain at every wake, whose wake can run
+        late) it is the step's exact peak; read later (marks drained in a batch, ``--record-every``), it
+        holds later steps too, so the step keeps its sampled peak (``exact_peak`` false) and the mark
+        counts only in the run's peak (``hwm_bytes``)."""
         self._drained()
         with self._lock:
             step = self.step if step is None else step
             now = time.time() if at is None else at
             exact_now = self.hwm.peak()
-            late = at is not None and time.time() - at > self.sampler.interval_s
+            late = at is not None and time.time() - at > 2 * self.sampler.interval_s
             spans = [*self._spans, self._take_span(None if late else exact_now, until=at)]
             self._spans = []
             self._in_step = False
