@@ -377,12 +377,8 @@ def parse_records(lines: Iterable[bytes] | Iterable[str], rank: int) -> RankReco
         raw = raw.strip()
         if not raw:
             continue
-        try:
-            record = json.loads(raw)
-        except ValueError:
-            result.bad_lines += 1
-            continue
-        if not isinstance(record, dict) or not isinstance(record.get("type"), str):  # record: Any (JSON)
+        record = parse_line(raw)
+        if record is None:
             result.bad_lines += 1
             continue
         kind = record["type"]
@@ -441,7 +437,7 @@ def line_kind(line: bytes) -> str | None:
     return line[len(_TYPE_FIRST):end].decode("ascii", "replace") if end > 0 else None
 
 
-def parse_line(line: bytes) -> dict[str, Any] | None:
+def parse_line(line: bytes | str) -> dict[str, Any] | None:
     """One record line as the record, or None where it is not one (cut short, damaged)."""
     try:
         record = json.loads(line)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -184,12 +185,8 @@ def _mpi_match() -> Check:
         if linked:
             found[module] = linked
     path = shutil.which("mpirun")
-    launcher: str | None = None
-    if path:
-        try:
-            launcher = mpirun_family(subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20).stdout)
-        except (OSError, subprocess.TimeoutExpired):
-            launcher = None
+    version = _mpirun_version(path) if path else None
+    launcher = mpirun_family(version) if isinstance(version, str) else None
     families = {f"{module}: {family}" for module, (family, _) in found.items()}
     if launcher:
         families.add(f"mpirun: {launcher}")
@@ -225,15 +222,23 @@ def _native_marks() -> Check:
                  f"{nm.BUILD} (needs g++)" + (", or `make setup`" if in_checkout() else ""))
 
 
+@functools.cache
+def _mpirun_version(path: str) -> str | Exception:
+    """``mpirun --version``'s output, or why it did not run; once per doctor (two checks read it)."""
+    try:
+        return subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return exc
+
+
 def _mpirun() -> Check:
     path = shutil.which("mpirun")
     if path is None:
         return Check("mpirun", "fail", "not on PATH",
                      "apt-get install openmpi-bin libopenmpi-dev (`make setup`), or load your cluster's MPI module")
-    try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return Check("mpirun", "fail", f"{path} does not run ({exc})", "reinstall openmpi-bin")
+    out = _mpirun_version(path)
+    if not isinstance(out, str):
+        return Check("mpirun", "fail", f"{path} does not run ({out})", "reinstall openmpi-bin")
     version = out.strip().splitlines()[0] if out.strip() else "unknown version"
     return Check("mpirun", "ok", f"{version}; {os.cpu_count()} slots (cores) on this host")
 

@@ -33,6 +33,12 @@ DEFAULT_MARGIN = 1.0
 # The reductions for which Horovod gathers an IndexedSlices (None: its default, average); under any
 # other it raises, so auto densifies.
 GATHERED_OPS = (None, "average", "sum")
+HOROVOD_OPS = ("Average", "Sum", "Adasum", "Min", "Max", "Product")  # Horovod's reduce ops, by attribute name
+
+
+def horovod_op_names(hvd: Any) -> dict[int, str]:
+    """Horovod's reduce ops (``hvd.Adasum`` ...) by value -> the names the policy takes (``adasum``)."""
+    return {int(getattr(hvd, name)): name.lower() for name in HOROVOD_OPS}
 # Deliberately wrong reductions, for tests of the verification: densified gradients summed instead of
 # averaged; duplicate rows dropped (the first kept) instead of summed when merging.
 FAULTS = ("sum-densified", "drop-duplicates")

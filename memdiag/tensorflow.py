@@ -38,7 +38,7 @@ from typing import Any
 from memdiag.agreement import UNKNOWN, Agreement, AgreementError, CoordinationTransport
 from memdiag.densify import DensifyPolicy, row_shape, sparse_shape
 from memdiag.formula import padding_bytes
-from memdiag.policy import MODES, Decision, decide
+from memdiag.policy import MODES, Decision, decide, horovod_op_names
 from memdiag.units import format_bytes
 
 __all__ = ["DistributedGradientTape", "DistributedOptimizer", "MirroredPolicy", "densify_gradients", "mirrored_policy"]
@@ -90,9 +90,6 @@ def _with_policy(reducer: Any, policy: DensifyPolicy, process_set: Any, kwargs: 
     return allreduce_grads
 
 
-HOROVOD_OPS = ("Average", "Sum", "Adasum", "Min", "Max", "Product")
-
-
 def _op_name(op: Any) -> str | None:
     """Horovod's reduce op (``hvd.Adasum`` ...) as the name memdiag's policy takes; None: Horovod's
     default (average)."""
@@ -100,7 +97,7 @@ def _op_name(op: Any) -> str | None:
         return None
     import horovod.tensorflow as hvd
 
-    return {int(getattr(hvd, name)): name.lower() for name in HOROVOD_OPS}.get(int(op), str(op))
+    return horovod_op_names(hvd).get(int(op), str(op))
 
 
 def _size(process_set: Any) -> int:

@@ -49,7 +49,7 @@ from memdiag.agreement import AgreementError
 from memdiag.compat import paired
 from memdiag.densify import DensifyPolicy, distinct_rows, process_set_size
 from memdiag.graphcalls import host_call
-from memdiag.policy import Decision
+from memdiag.policy import Decision, horovod_op_names
 from memdiag.rounding import gamma
 
 # Frames under these folders are not a user's call site: installed packages, the standard library, memdiag.
@@ -185,7 +185,7 @@ class CollectiveHooks:
         import horovod.tensorflow as hvd
         import horovod.tensorflow.mpi_ops as mpi_ops
 
-        self._ops = {int(getattr(hvd, n)): n.lower() for n in ("Average", "Sum", "Adasum", "Min", "Max", "Product")}
+        self._ops = horovod_op_names(hvd)
         tables: dict[str, dict[str, Callable[[Callable], Callable]]] = {
             "constructors": {"DistributedGradientTape": self._wrap_constructor("DistributedGradientTape"),
                              "DistributedOptimizer": self._wrap_constructor("DistributedOptimizer")},
