@@ -669,7 +669,7 @@ class GrowthSegment(TypedDict):
 
 
 class Physics(TypedDict, total=False):
-    """The figures of a comparison's verdict (``compare.json`` ``physics``; memdiag.analyze.compare.physics)."""
+    """The figures of a comparison's verdict (``compare.json`` ``physics``; memdiag.analyze.physics.physics)."""
 
     largest_world_size: int | None
     cost_per_gathered_byte: float | None  # k: RSS per gathered byte, from the largest sparse run
@@ -694,7 +694,7 @@ class Physics(TypedDict, total=False):
 
 
 class ReductionFigures(TypedDict):
-    """The worst of a set of reduction checks (memdiag.analyze.compare.reduction_result)."""
+    """The worst of a set of reduction checks (memdiag.analyze.correctness.reduction_result)."""
 
     max_abs_diff: float | None
     max_rel_diff: float | None
@@ -764,7 +764,7 @@ class ParameterCheck(TypedDict):
 
 
 class Correctness(TypedDict, total=False):
-    """A comparison's checks (``compare.json`` ``correctness``; memdiag.analyze.compare.correctness)."""
+    """A comparison's checks (``compare.json`` ``correctness``; memdiag.analyze.correctness.correctness)."""
 
     passed: bool | None
     max_abs_diff: float | None
@@ -774,7 +774,7 @@ class Correctness(TypedDict, total=False):
     terms_max: int | None
     update_allowance: float | None
     ranks_identical_every_step: bool | None
-    reduction: ReductionResult | None  # the reduction check (memdiag.analyze.compare.reduction_result)
+    reduction: ReductionResult | None  # the reduction check (memdiag.analyze.correctness.reduction_result)
     notes: list[str]
     checks: list[ParameterCheck]  # the parameters of each mode against the reference mode's
 
@@ -991,7 +991,7 @@ class EnginesCorrectness(TypedDict):
 
 
 class EnginesComparison(TypedDict, total=False):
-    """``compare.json`` of ``--engine both`` (memdiag.analyze.compare.build_engines, with what was compared)."""
+    """``compare.json`` of ``--engine both`` (memdiag.analyze.engines.build_engines, with what was compared)."""
 
     format: int
     engine: str  # both

@@ -4,7 +4,8 @@
 A study holds one :class:`LaunchOptions` and derives each run's request from it with
 :func:`dataclasses.replace`; every run is an ordinary ``memdiag run`` directory inside the study's
 directory. Every run is checked before the first directory is made. What the runs show together is
-worked out in :mod:`memdiag.analyze.compare` and :mod:`memdiag.analyze.scaling`.
+worked out in :mod:`memdiag.analyze.compare` (:mod:`memdiag.analyze.engines` with both engines) and
+:mod:`memdiag.analyze.scaling`.
 
 ``compare --engine both`` runs each (engine, rank count, mode) of a built-in workload, interleaved
 as repeats are; the verification run (a reduction check) is one per engine: ``verify-nN`` (Horovod),
@@ -25,6 +26,8 @@ from memdiag._errors import UserError
 from memdiag.agentconfig import ENGINES, HOROVOD, TF_DISTRIBUTE
 from memdiag.analyze import compare as comparison
 from memdiag.analyze import scaling
+from memdiag.analyze.correctness import rank_order_candidates
+from memdiag.analyze.engines import build_engines
 from memdiag.launch.options import LaunchOptions
 from memdiag.launch.session import RunRequest, execute, is_script, label, validate
 from memdiag.policy import AS_WRITTEN
@@ -153,7 +156,7 @@ def run_compare(request: CompareRequest, console: Console) -> Comparison | Engin
 
     result: Comparison | EnginesComparison
     if request.engine == BOTH:
-        result = comparison.build_engines(label(request.target), preset, run_dirs, verify_dirs, order_dirs)
+        result = build_engines(label(request.target), preset, run_dirs, verify_dirs, order_dirs)
         for each in result["engines"].values():
             what_was_compared(each)
     else:
@@ -172,10 +175,10 @@ def _rank_order_runs(request: CompareRequest, out: str, engine: str, runs: dict[
     """Where a densifying mode's final parameters fail the check against sparse, that mode again at
     that rank count, with Open MPI's allreduce summing in rank order (as the allgather path sums), so
     that the comparison can tell summation order's rounding from a wrong reduction
-    (:func:`memdiag.analyze.compare.rank_order_check`). A verification run: not measured, not in the
+    (:func:`memdiag.analyze.correctness.rank_order_check`). A verification run: not measured, not in the
     table. Horovod over MPI only: MultiWorkerMirroredStrategy's all-reduce is its own."""
     firsts = {key: paths[0] for key, paths in runs.items()}
-    shared = comparison.rank_order_candidates(firsts)
+    shared = rank_order_candidates(firsts)
     made: dict[tuple[int, str], str] = {}
     for (n, mode), owner in shared.items():
         if owner in made:

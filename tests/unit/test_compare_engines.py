@@ -20,6 +20,7 @@ from rich.console import Console
 from memdiag import rundir
 from memdiag.agent.records import RecordWriter
 from memdiag.analyze import compare as comparison
+from memdiag.analyze.engines import build_engines
 from memdiag.analyze.summary import summarize
 from memdiag.cli import main
 from memdiag.collect import load_run
@@ -160,7 +161,7 @@ def write_comparison(root: Path, peaks: dict | None = None, uneven: bool = False
                                                          uneven, tfd_params_offset if engine == TFD else 0.0)]
     verify = {HVD: write_verify(root / verify_run_name(2)),
               TFD: write_verify(root / verify_run_name(2, True), tfd_ratio, TFD)}
-    result = comparison.build_engines("transformer", "tiny", run_dirs, verify)
+    result = build_engines("transformer", "tiny", run_dirs, verify)
     study = {"rank_counts": list(RANKS), "modes": list(MODES), "steps": STEPS, "repeats": 1, "directory": str(root)}
     for each in result["engines"].values():
         each.update(study)

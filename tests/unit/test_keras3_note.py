@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memdiag.analyze.compare import _parameter_check, correctness, reduction_result
+from memdiag.analyze.correctness import correctness, parameter_check, reduction_result
 
 TABLE = "0000:transformer/source_embedding/embeddings:0"
 START = 0.5
@@ -52,7 +52,7 @@ def _check(tmp_path: Path, keras: str = "3.15.1", mode: str = "dense", moved: fl
     ref = _run(tmp_path / "sparse", reference, initial=True)
     other = _run(tmp_path / mode, reference + np.float32(gap))
     reduction = None if verification is None else reduction_result(verification)
-    return _parameter_check(2, mode, "sparse", ref, other, _summary(keras), _summary(keras), reduction)
+    return parameter_check(2, mode, "sparse", ref, other, _summary(keras), _summary(keras), reduction)
 
 
 def test_a_gap_within_the_update_with_the_reduction_within_rounding_names_the_optimizer(tmp_path):

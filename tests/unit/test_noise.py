@@ -31,7 +31,7 @@ def test_repeats_give_the_run_to_run_noise_when_they_exist():
 
 def test_warm_up_steps_are_left_out_of_the_loss_comparison():
     """A run whose peaks had not settled ran more steps: its extra losses are not compared."""
-    from memdiag.analyze.compare import _losses
+    from memdiag.analyze.correctness import _losses
 
     settled = {"steps": 2, "steps_detail": [{"step": 0, "loss_mean": 7.5}, {"step": 1, "loss_mean": 7.4}]}
     warmed = {"steps": 2, "steps_detail": [{"step": 0, "loss_mean": 7.5}, {"step": 1, "loss_mean": 7.4},

@@ -1,6 +1,6 @@
 """The reduction check per reduction: dense and merged each compared with the allgather."""
 
-from memdiag.analyze.compare import reduction_result
+from memdiag.analyze.correctness import reduction_result
 
 
 def _check(against, rel, compression=None):
@@ -45,7 +45,7 @@ def test_the_run_report_says_when_u_outgrew_the_guard_auto_decided_with():
 def test_the_bound_by_hand():
     import numpy as np
 
-    from memdiag.agent.hooks import rounding_bound_ratio
+    from memdiag.agent.reduction_check import rounding_bound_ratio
 
     u = 2.0**-24
     # one row of one element: 3 terms, magnitudes summing to 1.0, the reduction's value 0.5
@@ -61,7 +61,7 @@ def test_the_bound_by_hand():
 def test_two_summation_orders_of_thousands_of_float32_terms_stay_within_the_bound_and_a_wrong_sum_does_not():
     import numpy as np
 
-    from memdiag.agent.hooks import rounding_bound_ratio
+    from memdiag.agent.reduction_check import rounding_bound_ratio
 
     rng = np.random.default_rng(5)
     terms = rng.normal(scale=1e-3, size=(4000, 8)).astype(np.float32)  # 4000 lookups of one row

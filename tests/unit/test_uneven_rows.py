@@ -22,7 +22,9 @@ from memdiag.agent.records import RecordWriter
 from memdiag.agent.sampler import MemorySampler
 from memdiag.agent.tracer import Tracer
 from memdiag.analyze import compare
+from memdiag.analyze.correctness import most_terms
 from memdiag.analyze.model import build_model, prediction_table
+from memdiag.analyze.predicted import predicted_gathered
 from memdiag.analyze.projection import base_from_summary
 from memdiag.analyze.summary import summarize
 from memdiag.collect import load_run
@@ -126,7 +128,7 @@ def test_the_formula_row_is_the_sum_of_both_ranks_rows_times_row_and_index_bytes
     [tensor] = result["tensors"]
     assert tensor["growth_bytes_per_rank"] == 1_820_000 and tensor["gathered_bytes"] == 3_640_000
     # AND the correctness allowance counts the 7000 rows one element can sum
-    assert compare.most_terms(compare.load_summary(dirs[(2, "sparse")]), 2) == 7000
+    assert most_terms(compare.load_summary(dirs[(2, "sparse")]), 2) == 7000
 
 
 def test_with_even_rows_over_two_and_four_ranks_the_formula_row_is_one_ranks_rows(tmp_path):
@@ -224,13 +226,13 @@ def test_a_summary_written_before_the_rows_fields_is_still_read(tmp_path):
         del policy[key]
     # THEN the rows of its policy record (2000, rank 0's own) are taken for every rank, as before
     assert build_model([summary]).gathered_bytes("sparse", 4) == 4 * 2000 * 520
-    assert compare.predicted_gathered(summary, 2) == 2 * 2000 * 520
-    assert compare.most_terms(summary, 2) == 4000
+    assert predicted_gathered(summary, 2) == 2 * 2000 * 520
+    assert most_terms(summary, 2) == 4000
 
 
 def test_the_formula_of_a_run_with_a_gathered_tensor_of_unknown_size_is_unknown_not_partial(tmp_path):
     summary = compare.load_summary(str(uneven_run(tmp_path / "n2")))
     other = {**policy_of(summary), "name": "model/side:0", "row_bytes": None}
-    assert compare.predicted_gathered(summary, 2) == 3_640_000
+    assert predicted_gathered(summary, 2) == 3_640_000
     summary["policy"].append(other)
-    assert compare.predicted_gathered(summary, 2) is None
+    assert predicted_gathered(summary, 2) is None

@@ -11,7 +11,7 @@ import numpy as np
 from rich.console import Console
 from rich.text import Text
 
-from memdiag.analyze.compare import correctness, what_varied
+from memdiag.analyze.correctness import correctness, what_varied
 from memdiag.report.compare import correctness_text
 
 REDUCTION_OK = {"world_size": 2, "reduction_checks": [

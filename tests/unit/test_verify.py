@@ -45,7 +45,7 @@ def _params(tmp_path, name, value):
 
 
 def test_a_script_that_does_not_seed_itself_is_said_so_and_not_failed(tmp_path):
-    from memdiag.analyze.compare import correctness
+    from memdiag.analyze.correctness import correctness
 
     # GIVEN two runs of a script whose initial parameters differ (it does not seed itself)
     dirs = {(2, "sparse"): _params(tmp_path, "s", 1.0), (2, "dense"): _params(tmp_path, "d", 5.0)}
@@ -63,7 +63,7 @@ def test_a_script_that_does_not_seed_itself_is_said_so_and_not_failed(tmp_path):
 
 
 def test_the_same_start_and_different_ends_fail(tmp_path):
-    from memdiag.analyze.compare import correctness
+    from memdiag.analyze.correctness import correctness
 
     dirs = {(2, "sparse"): _params(tmp_path, "s", 1.0), (2, "dense"): _params(tmp_path, "d", 5.0)}
     summaries = {(2, "sparse"): _summary("aaaa"), (2, "dense"): _summary("aaaa")}
@@ -122,7 +122,7 @@ def _pair(tmp_path, dense_values):
 
 
 def test_a_check_that_fails_as_run_passes_when_the_rank_order_run_agrees_and_both_figures_are_kept(tmp_path):
-    from memdiag.analyze.compare import correctness
+    from memdiag.analyze.correctness import correctness
 
     # GIVEN dense 1e-4 away from sparse in one element (beyond atol 1e-6 + rtol 1e-4 x 0.5), and the
     # same mode again with the ranks' gradients summed in rank order, 1e-8 away
@@ -141,7 +141,7 @@ def test_a_check_that_fails_as_run_passes_when_the_rank_order_run_agrees_and_bot
 
 
 def test_a_rank_order_run_that_still_differs_keeps_the_check_failed(tmp_path):
-    from memdiag.analyze.compare import correctness
+    from memdiag.analyze.correctness import correctness
 
     # GIVEN a dense run twice sparse's (a sum for an average) and its rank-order run just the same
     dirs, summaries = _pair(tmp_path, [1.0, -0.5, 2.0])
@@ -154,7 +154,7 @@ def test_a_rank_order_run_that_still_differs_keeps_the_check_failed(tmp_path):
 
 
 def test_a_difference_within_what_the_summation_order_alone_makes_passes_and_one_beyond_it_fails(tmp_path):
-    from memdiag.analyze.compare import correctness
+    from memdiag.analyze.correctness import correctness
 
     # GIVEN dense 1e-4 from sparse, and dense again in rank order 2e-4 from sparse and 3e-4 from the
     # measured dense: the summation order alone moves this job's parameters by 3e-4
@@ -178,7 +178,7 @@ def test_a_difference_within_what_the_summation_order_alone_makes_passes_and_one
 
 
 def test_only_failed_densifying_modes_get_a_rank_order_run_and_equal_parameters_share_one(tmp_path):
-    from memdiag.analyze.compare import rank_order_candidates
+    from memdiag.analyze.correctness import rank_order_candidates
 
     # GIVEN at N=4 dense and auto both 1e-4 away from sparse with bit-identical parameters, dedup as far
     # away, and at N=2 a dense run that agrees
@@ -195,7 +195,7 @@ def test_only_failed_densifying_modes_get_a_rank_order_run_and_equal_parameters_
 
 
 def test_across_engines_a_failed_pair_is_compared_again_with_the_references_rank_order_run(tmp_path):
-    from memdiag.analyze.compare import across_engines
+    from memdiag.analyze.engines import across_engines
 
     # GIVEN Horovod dense and MWMS dense 1e-4 apart in one element, and Horovod's dense again in rank
     # order 1e-8 from MWMS's
@@ -214,7 +214,7 @@ def test_across_engines_a_failed_pair_is_compared_again_with_the_references_rank
 
 
 def test_across_engines_a_pair_within_the_references_own_rounding_spread_passes_and_one_beyond_fails(tmp_path):
-    from memdiag.analyze.compare import across_engines
+    from memdiag.analyze.engines import across_engines
     from memdiag.report.compare import second_look_outcome
 
     # GIVEN Horovod dense and MWMS dense 1e-4 apart; Horovod's dense again in rank order 2e-4 from MWMS's

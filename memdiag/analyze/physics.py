@@ -1,0 +1,96 @@
+"""The figures of a comparison's verdict: sparse's growth against k x the formula, how flat dense stays, what auto saved.
+
+Also which phase set each peak, and whether each difference is larger than the noise
+(:func:`memdiag.analyze.compare.noise`, :func:`memdiag.analyze.compare.rank_noise`).
+"""
+
+from __future__ import annotations
+
+from memdiag._errors import UserError
+from memdiag.schema import Comparison, GrowthSegment, Physics, RunSummary
+
+
+def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) -> Physics:
+    """The figures of the verdict: how sparse grows against k x the formula, how flat dense stays,
+    what auto chose and what it saved, which phase set each peak, and whether each difference is
+    larger than the noise."""
+    by_key = {(r["world_size"], r["mode"]): r for r in result["rows"] if r["status"] == "ok"}
+    counts = sorted({n for n, _ in by_key})
+    largest = max(counts, default=None)
+    multi = [n for n in counts if n >= 2]
+    predicted = result.get("predicted_growth_bytes_per_rank")
+    k = None
+    sparse = [s for (n, mode), s in summaries.items() if mode == "sparse" and n > 1]
+    if sparse:
+        from memdiag.analyze.model import build_model
+
+        try:
+            k = build_model([max(sparse, key=lambda s: s["world_size"])]).cost_per_gathered_byte
+        except UserError:
+            k = None
+    noise_bytes = result.get("noise_bytes")
+
+    def peak(n: int | None, mode: str) -> float | None:
+        row = by_key.get((n, mode)) if n is not None else None
+        return None if row is None else row["steady_peak_rss_bytes_median"]
+
+    def beyond_noise(a: float | None, b: float | None) -> bool | None:
+        if a is None or b is None or noise_bytes is None:
+            return None
+        return bool(abs(a - b) > noise_bytes)
+
+    dense_low, dense_high = (peak(min(multi), "dense"), peak(max(multi), "dense")) if len(multi) >= 2 else (None, None)
+    fixed: dict[str, float] = {}
+    for mode in ("sparse", "dedup", "dense"):
+        value = peak(largest, mode)
+        if value is not None:
+            fixed[mode] = value
+    best = min(fixed.values(), default=None)
+    auto_peak = peak(largest, "auto")
+    every = {**fixed, **({} if auto_peak is None else {"auto": auto_peak})}
+    sparse_peak = peak(largest, "sparse")
+    densified = [t["name"] for t in result.get("tensors", []) if t.get("auto_decision") == "dense"]
+    merged = [t["name"] for t in result.get("tensors", []) if t.get("auto_decision") == "dedup"]
+    handed_dense = [t["name"] for t in result.get("tensors", []) if t.get("auto_optimizer_input") == "dense"]
+    sparse_growth = result["growth_bytes_per_rank"].get("sparse")
+    predicted_rss = None if predicted is None or k is None else k * predicted
+    fitted = [n for n in counts if (n, "sparse") in by_key and n >= result.get("growth_fitted_from_world_size", 1)]
+    # The fitted growth against k x the formula, as the difference it makes to the peak across the
+    # rank counts fitted: no larger than the noise, the two agree within noise.
+    growth_within_noise = None
+    if sparse_growth is not None and predicted_rss is not None and noise_bytes is not None and len(fitted) >= 2:
+        growth_within_noise = abs(sparse_growth - predicted_rss) * (fitted[-1] - fitted[0]) <= noise_bytes
+    segments: list[GrowthSegment] = []
+    for a, b in zip(fitted, fitted[1:]):
+        low, high = peak(a, "sparse"), peak(b, "sparse")
+        if low is None or high is None or predicted_rss is None:
+            continue
+        measured = (high - low) / (b - a)
+        gap = (measured - predicted_rss) * (b - a)  # what the model leaves over the segment
+        segments.append({"from_world_size": a, "to_world_size": b, "measured_bytes_per_rank": measured,
+                         "predicted_bytes_per_rank": predicted_rss, "unexplained_bytes_per_rank": measured - predicted_rss,
+                         "beyond_noise": None if noise_bytes is None else bool(abs(gap) > noise_bytes)})
+    return {
+        "largest_world_size": largest,
+        "cost_per_gathered_byte": k,
+        "sparse_growth_bytes_per_rank": sparse_growth,
+        "predicted_rss_growth_bytes_per_rank": predicted_rss,
+        "sparse_growth_within_noise": growth_within_noise,
+        # between each two rank counts fitted: the growth measured against k x the formula's
+        "sparse_segments": segments,
+        "sparse_live_growth_bytes_per_rank": (result.get("live_growth_bytes_per_rank") or {}).get("sparse"),
+        "dense_change": None if not dense_low or dense_high is None else (dense_high - dense_low) / dense_low,
+        "dense_peak_bytes": dense_high if dense_high is not None else peak(largest, "dense"),
+        "auto_densified": densified,
+        "auto_merged": merged,
+        "auto_dense_to_optimizer": handed_dense,
+        "best_fixed_mode": None if not fixed else min(fixed, key=lambda m: fixed[m]),
+        "lowest_peak_mode": min(every, key=lambda m: every[m]) if every else None,
+        "auto_vs_sparse": None if auto_peak is None or not sparse_peak else auto_peak / sparse_peak - 1,
+        "auto_minus_best_bytes": None if auto_peak is None or best is None else auto_peak - best,
+        "auto_vs_best_beyond_noise": beyond_noise(auto_peak, best),
+        "phases": {mode: {str(n): summaries[(n, mode)].get("peak_phase") for n in counts if (n, mode) in summaries}
+                   for mode in sorted({m for _, m in summaries})},
+        "noise_bytes": noise_bytes,
+        "noise_source": result.get("noise_source"),
+    }
