@@ -88,7 +88,7 @@ def decode(text: str) -> list[int]:
 # --hosts: the launcher cannot know which ports are free on the other hosts, so it passes this in
 # ``MEMDIAG_TF_PORTS`` instead of ports, and each rank chooses its own port and address
 # (:func:`hold_free_port`, :func:`own_address`); the ranks exchange them with one MPI allgather
-# (memdiag/agent/main.py, ``_gather_tf_cluster``).
+# (memdiag/agent/rank_strategy.py, ``_gather_tf_cluster``).
 RANKS = "ranks"
 # An explicit choice of the network: an IPv4 address (the launching host's on that network, or any
 # other host's there); each rank then uses its own address on the route to it. The same value serves

@@ -45,7 +45,10 @@ import numpy as np
 import tensorflow as tf
 
 from memdiag import graphcalls
-from memdiag.agent.hooks import CollectiveHooks, Origin, _call_site, _static_shape, _var_name
+from memdiag.agent import reduction_check
+from memdiag.agent.collective_records import static_shape
+from memdiag.agent.hooks import CollectiveHooks
+from memdiag.agent.naming import Origin, call_site, var_name
 from memdiag.agreement import UNKNOWN, Agreement
 from memdiag.densify import row_shape, sparse_shape
 from memdiag.formula import SparseGradientShape, padding_bytes
@@ -178,7 +181,7 @@ class StrategyHooks(CollectiveHooks):
             # thread): a process-wide map by id, holding the gradient so that its id is not reused.
             with self._lock:
                 for g, v in known:
-                    self._front[id(g)] = (g, paths.get(id(v)) or _var_name(v), v)
+                    self._front[id(g)] = (g, paths.get(id(v)) or var_name(v), v)
             try:
                 return original(optimizer, pairs)
             finally:
@@ -194,7 +197,7 @@ class StrategyHooks(CollectiveHooks):
             batch = []
             for _, destination in pairs:
                 variable = destination if isinstance(destination, tf.Variable) else None
-                batch.append((_var_name(variable) if variable is not None else None, variable))
+                batch.append((var_name(variable) if variable is not None else None, variable))
             with self._lock:
                 previous, self._batch = self._batch, batch
             try:
@@ -226,7 +229,7 @@ class StrategyHooks(CollectiveHooks):
                 if name is None:
                     name = _value_name("gradient" if gradient else "reduce", i, item)
                 if variable is not None:
-                    self._capture(name, variable)
+                    self.parameters.capture(name, variable)
                 densified = False
                 if sparse:
                     decision = self.decide(name, item, variable)
@@ -271,14 +274,14 @@ class StrategyHooks(CollectiveHooks):
         """The reduction check (``check_reduction``, the verification run): ``grad``, gathered by the
         strategy into ``gathered`` (every worker's rows, the padding already cut off by
         ``all_reduce_indexed_slices``), reduced again densely through the same ``_all_reduce``, and the
-        two compared (:meth:`CollectiveHooks._compare_reduced`). MWMS has no merged path: dense only.
-        Every worker traces its reductions in the same order, so the extra all-reduce pairs up."""
+        two compared (:func:`memdiag.agent.reduction_check.compare_reduced`). MWMS has no merged path:
+        dense only. Every worker traces its reductions in the same order, so the extra all-reduce pairs up."""
         # Densified as the policy densifies (with --inject-fault sum-densified, N x the gradient).
         reduced = self._reduce_one(original, cross_device_ops, reduce_op, grad, name, True, replica_id, options,
                                    gradient, reduce_name).values
         base = {"type": "reduction_check", "name": name, "reduce_op": reduce_name, "compression": None,
                 "engine": ENGINE}
-        self._compare_reduced(base, gathered, [(reduced, "dense")])
+        reduction_check.compare_reduced(self.tracer, base, gathered, [(reduced, "dense")])
 
     # -- the policy -----------------------------------------------------------------------------
     def decide(self, name: str, grad: tf.IndexedSlices, variable: Any = None) -> Decision | None:
@@ -420,10 +423,7 @@ class StrategyHooks(CollectiveHooks):
     def _parameters_before_first_update(self) -> None:
         # Saved under the names the hooks gave them (under Keras 3, their Keras paths: TensorFlow's own
         # names repeat).
-        if self._initial_recorded or not self.variables:
-            return
-        self._initial_recorded = True
-        self._guard("read the initial parameters", self._record_initial)
+        self.parameters.before_first_update()
 
     def _label(self, value: Any, kind: str) -> StrategyOrigin:
         with self._lock:
@@ -431,7 +431,7 @@ class StrategyHooks(CollectiveHooks):
         if label is not None:
             return label
         shape = value.values if isinstance(value, tf.IndexedSlices) else value
-        return StrategyOrigin(_value_name(f"{kind}@{_call_site()}", None, shape),
+        return StrategyOrigin(_value_name(f"{kind}@{call_site()}", None, shape),
                               sparse=isinstance(value, tf.IndexedSlices))
 
     # -- the launcher ---------------------------------------------------------------------------
@@ -546,7 +546,7 @@ class StrategyHooks(CollectiveHooks):
                     "pad_out_bytes": (shape_out[0] - total_rows) * row_bytes}
 
         if tf.executing_eagerly():
-            shape_in, shape_out = _static_shape(tensor), _static_shape(output)
+            shape_in, shape_out = static_shape(tensor), static_shape(output)
             extras = [int(e) for e in (extra or [])]
             record(meta, shape_in, shape_out, fields(shape_in, shape_out, extras))
             return output

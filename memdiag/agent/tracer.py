@@ -19,7 +19,7 @@ functions is stepped by its first collective that is not a broadcast). Called ea
 in the script's order, and a new step begins each time the anchor starts again. Inside a graph they
 start as their inputs are ready, in no fixed order (memdiag.graphcalls): there a new step begins when a
 collective of the anchor's kind starts that has started already in the current step, whichever it is
-(a graph names each collective once: memdiag.agent.hooks numbers unnamed ones from one call site). What
+(a graph names each collective once: memdiag.agent.naming numbers unnamed ones from one call site). What
 comes before the first anchor (initial broadcasts, model building) is the set-up step, -1.
 """
 

@@ -68,7 +68,7 @@ def test_auto_decides_from_the_largest_row_count_of_any_rank_and_only_once():
 
 
 def test_reduction_order_follows_horovods_groups_rule():
-    from memdiag.agent.hooks import reduction_order
+    from memdiag.agent.naming import reduction_order
 
     class Var:
         def __init__(self, name):

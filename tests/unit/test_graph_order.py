@@ -178,7 +178,7 @@ def test_unnamed_collectives_of_one_call_site_are_numbered_in_each_graph_and_not
 
     def step(x):
         for i in range(3):  # one call site, the same shape: a loop over same-shaped tensors
-            names.append(hooks._unnamed("allreduce", x + float(i), {}).name)
+            names.append(hooks.labels.unnamed("allreduce", x + float(i), {}).name)
         return x
 
     for _ in range(2):

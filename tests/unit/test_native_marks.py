@@ -41,7 +41,7 @@ def _step(hooks, collectives: int, dynamic: bool = False):
     """A tf.function holding ``collectives`` stand-ins for gradient all-reduces (an identity each, with
     memdiag's begin and end marks around it, as the hooks put them around Horovod's op); with
     ``dynamic``, the tensors' first dimension is known only when the step runs."""
-    from memdiag.agent.hooks import Origin
+    from memdiag.agent.naming import Origin
 
     @tf.function(input_signature=[tf.TensorSpec([None] if dynamic else [32])])
     def step(x):
@@ -398,7 +398,7 @@ def test_a_memory_limits_watchdog_keeps_the_python_sampler(marks):
 
 
 def test_record_every_drains_the_marks_at_most_that_often_and_early_when_the_ring_fills(tmp_path, monkeypatch):
-    import memdiag.agent.hooks as hooks_module
+    import memdiag.agent.collective_records as records_module
 
     class Ring:
         capacity = 100
@@ -415,7 +415,7 @@ def test_record_every_drains_the_marks_at_most_that_often_and_early_when_the_rin
             return np.zeros((0, nativemarks.RECORD_WORDS), dtype=np.int64)
 
     now = [1000.0]
-    monkeypatch.setattr(hooks_module.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(records_module.time, "monotonic", lambda: now[0])
     writer = RecordWriter(str(tmp_path / "r.jsonl"), 0)
     ring = Ring()
     # GIVEN the default: a drain at every wake of the sampler

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from memdiag.agent.hooks import _after
+from memdiag.agent.collective_records import after
 
 
 def _marker(calls: list[int]) -> tf.Operation:
@@ -24,19 +24,19 @@ def test_inside_a_tf_function_the_output_is_handed_on_unchanged():
     @tf.function
     def step(x):
         y = x * 2.0
-        seen.append((y, _after(y, _marker([]))))
+        seen.append((y, after(y, _marker([]))))
 
         def branch():
             z = x + 1.0
-            seen.append((z, _after(z, _marker([]))))
+            seen.append((z, after(z, _marker([]))))
             return z
 
         return tf.cond(x[0] > 0, branch, lambda: x)
 
     step(tf.constant([1.0]))
     assert len(seen) == 2
-    for before, after in seen:
-        assert after is before
+    for before, handed_on in seen:
+        assert handed_on is before
 
 
 def test_in_a_tf1_graph_the_output_waits_for_the_record_and_fetching_it_runs_the_record():
@@ -44,7 +44,7 @@ def test_in_a_tf1_graph_the_output_waits_for_the_record_and_fetching_it_runs_the
     with tf.Graph().as_default() as graph:
         x = tf.constant([1.0, 2.0])
         y = x * 2.0
-        marked = _after(y, _marker(calls))
+        marked = after(y, _marker(calls))
         assert marked is not y and marked.op.type == "Identity"
         total = tf.reduce_sum(marked)
         with tf.compat.v1.Session(graph=graph) as session:

@@ -1,4 +1,4 @@
-"""The comparison both engines' reduction checks share (CollectiveHooks._compare_reduced), eagerly:
+"""The comparison both engines' reduction checks share (reduction_check.compare_reduced), eagerly:
 a gathered IndexedSlices against dense results of the same rows."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from memdiag.agent.hooks import CollectiveHooks
+from memdiag.agent import reduction_check
 
 
 class _Writer:
@@ -26,7 +26,6 @@ class _Tracer:
 
 def _check(others):
     tracer = _Tracer()
-    hooks = CollectiveHooks(tracer, "sparse", 1.0, lambda: 2, lambda d: None)
     rng = np.random.default_rng(3)
     # two workers' rows of a 10 x 4 table, every worker's rows gathered (indices repeat across workers)
     values = tf.constant(rng.normal(size=(6, 4)).astype(np.float32))
@@ -34,7 +33,7 @@ def _check(others):
     slices = tf.IndexedSlices(values, indices, tf.constant([10, 4]))
     dense = tf.convert_to_tensor(slices)
     base = {"type": "reduction_check", "name": "emb", "reduce_op": "sum", "compression": None}
-    hooks._compare_reduced(base, slices, [(f(dense), against) for f, against in others])
+    reduction_check.compare_reduced(tracer, base, slices, [(f(dense), against) for f, against in others])
     return tracer.writer.records
 
 

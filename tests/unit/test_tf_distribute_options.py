@@ -211,23 +211,23 @@ def test_only_modes_dense_and_auto_change_a_strategy_scripts_job(script):
 def test_the_agent_writes_tf_config_from_the_ports_and_keeps_the_users(monkeypatch):
     import json
 
-    from memdiag.agent.main import _write_tf_config
+    from memdiag.agent.rank_strategy import write_tf_config
 
     _without_tf_config(monkeypatch)
     monkeypatch.setenv("MEMDIAG_TF_PORTS", "41001,41002")
-    written = _write_tf_config(1, 2)
+    written = write_tf_config(1, 2)
     assert written["source"] == "memdiag" and written["ports_by"] == "launcher"
     assert json.loads(written["value"]) == {"cluster": {"worker": ["localhost:41001", "localhost:41002"]},
                                             "task": {"type": "worker", "index": 1}}
     assert json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1
     # a TF_CONFIG already there is the user's
     monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": 0}}')
-    kept = _write_tf_config(1, 2)
+    kept = write_tf_config(1, 2)
     assert kept["source"] == "environment" and os.environ["TF_CONFIG"].startswith('{"cluster": {"worker": ["h:1"]}')
     # no ports for every rank: a reason, no TF_CONFIG
     monkeypatch.delenv("TF_CONFIG")
     monkeypatch.setenv("MEMDIAG_TF_PORTS", "41001")
-    assert "1 port(s) for 2 rank(s)" in _write_tf_config(0, 2)["error"] and "TF_CONFIG" not in os.environ
+    assert "1 port(s) for 2 rank(s)" in write_tf_config(0, 2)["error"] and "TF_CONFIG" not in os.environ
 
 
 
@@ -362,14 +362,14 @@ def _fake_mpi(monkeypatch, world):
 def test_with_hosts_the_agent_writes_tf_config_from_the_ranks_exchanged_addresses(monkeypatch):
     import json
 
-    from memdiag.agent.main import _write_tf_config
+    from memdiag.agent.rank_strategy import write_tf_config
 
     _without_tf_config(monkeypatch)
     monkeypatch.setenv(ports.ENV, ports.RANKS)
     monkeypatch.setenv(ports.ADDRESS_ENV, "127.0.0.1")
     world = _FakeWorld(1, [("10.1.2.9", 41001, "route"), ("10.1.2.10", 41003, "route")])
     _fake_mpi(monkeypatch, world)
-    written = _write_tf_config(1, 3)
+    written = write_tf_config(1, 3)
     address, port, how = world.sent
     assert address == "127.0.0.1" and ports.ADDRESS_ENV in how
     assert json.loads(written["value"]) == {
@@ -380,22 +380,22 @@ def test_with_hosts_the_agent_writes_tf_config_from_the_ranks_exchanged_addresse
     # a user's TF_CONFIG is kept, after taking part in the exchange all the same
     monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": 0}}')
     world.sent = None
-    assert _write_tf_config(1, 3)["source"] == "environment" and world.sent is not None
+    assert write_tf_config(1, 3)["source"] == "environment" and world.sent is not None
 
 
 def test_with_hosts_a_rank_without_an_address_or_a_repeated_worker_is_an_error_on_every_rank(monkeypatch):
-    from memdiag.agent.main import _write_tf_config
+    from memdiag.agent.rank_strategy import write_tf_config
 
     _without_tf_config(monkeypatch)
     monkeypatch.setenv(ports.ENV, ports.RANKS)
     monkeypatch.setenv(ports.ADDRESS_ENV, "127.0.0.1")
     _fake_mpi(monkeypatch, _FakeWorld(1, [(None, 41001, "no address found for this worker on node7: set X")]))
-    error = _write_tf_config(1, 2)["error"]
+    error = write_tf_config(1, 2)["error"]
     assert error.startswith("rank 0: no address found") and "TF_CONFIG" not in os.environ
     _fake_mpi(monkeypatch, _FakeWorld(0, [("10.1.2.9", 41001, "route")]))
     monkeypatch.setattr(ports, "hold_free_port", _held(41001))
     monkeypatch.setattr(ports, "own_address", lambda: ("10.1.2.9", "route"))
-    error = _write_tf_config(0, 2)["error"]
+    error = write_tf_config(0, 2)["error"]
     assert "same address and port twice" in error and ports.ADDRESS_ENV in error and "\n" not in error
 
 

@@ -1,0 +1,246 @@
+"""Collective records and native marks: each collective's start and end handed to the tracer, and the native marks drained.
+
+Before a collective starts, the tracer is told what it will receive (:meth:`CollectiveRecords._begin`:
+what a rank is inside when it is killed or hangs); after it, the record with its shapes
+(:meth:`CollectiveRecords._record`). Inside ``tf.function`` (and Horovod runs its gradient reduction in
+one even in eager code) shapes are only known at run time, so the record is written by a
+``tf.py_function`` that takes the runtime shapes of the op's input and output: it runs after the
+collective, on every step. Where the rank loads memdiag's native op (:mod:`memdiag.nativemarks`), a
+graph's collectives are marked by it instead, and the marks are read back (:meth:`CollectiveRecords.drain`)
+as the records the Python calls would have written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import tensorflow as tf
+
+from memdiag.agent import replay
+from memdiag.agent.naming import Origin, is_integer
+from memdiag.graphcalls import host_call
+
+
+class CollectiveRecords:
+    """Mixin of the hooks (:class:`memdiag.agent.hooks.CollectiveHooks`) that writes their collective
+    records; an engine's hooks may add fields to the records (:meth:`_meta`)."""
+
+    tracer: Any
+    world_size: Callable[[], int]
+    _lock: Any
+
+    if TYPE_CHECKING:
+        def _failed(self, what: str, exc: BaseException) -> None: ...
+
+        def _guard(self, what: str, action: Callable[[], Any]) -> Any: ...
+
+    def __init__(self) -> None:
+        # Native marks (memdiag.nativemarks), when the rank uses them: what each mark's key stands for
+        # (BEGIN: op, meta, world size; END: op, meta), and the drain's guard against re-entry.
+        self.native: Any = None
+        self._marked: list[replay.Marked] = []
+        self._keys: replay.KeysFile | None = None
+        self._drain_lock = threading.Lock()
+        self._draining = threading.local()
+        self.record_every_s = 0.0  # --record-every: the sampler thread drains at most this often (drain_when_due)
+        self._last_drain = time.monotonic()
+
+    # -- native marks ---------------------------------------------------------------------------------
+    def use_native(self, marks: Any, record_every_s: float = 0.0, keys: replay.KeysFile | None = None) -> None:
+        """Mark collectives inside graphs with the native op of ``marks``; the tracer and the sampler
+        drain its records (:meth:`drain`), the sampler every ``record_every_s`` (:meth:`drain_when_due`).
+        ``keys``: where each mark's key is written as it is made, for a replay of the marks' file
+        (memdiag.agent.replay)."""
+        self.native = marks
+        self.record_every_s = record_every_s
+        self._keys = keys
+        self.tracer.drain = self.drain
+        self.tracer.sampler.before_sample = self.drain_when_due
+
+    def drain_when_due(self) -> None:
+        """The sampler thread's drain: at every wake (``record_every_s`` 0, the default), else once that
+        long has passed since the last drain, or earlier when the ring is half full. Drained at every
+        wake, each step's marks become records within a wake of its end, so a rank killed outright
+        loses only the step it was in; but a drain of one step's marks costs several times what the
+        same work costs in a batch of many steps (its code and data are no longer in the CPU's caches
+        when the job has run in between: probes/drain_cost.py --cold), which is most of memdiag's CPU
+        per step for a script with short steps (docs/notes/performance.md). The tracer's own entry
+        points (a built-in workload's steps, eager calls, the end of the run) drain whatever waits."""
+        if self.record_every_s and time.monotonic() - self._last_drain < self.record_every_s \
+                and self.native is not None and self.native.pending() < self.native.capacity // 2:
+            return
+        self.drain()
+
+    def drain(self) -> None:
+        """Hand the tracer the native marks written since the last drain, in the order of their times,
+        each with its time. Called by the sampler thread and by the tracer's entry points; a drain
+        that ends a step calls back into the tracer, which must not drain again (the guard)."""
+        if self.native is None or getattr(self._draining, "on", False):
+            return
+        self._draining.on = True
+        try:
+            with self._drain_lock:
+                self._last_drain = time.monotonic()
+                lost = self.native.lost
+                records = self.native.read()
+                if self.native.lost > lost:  # the ring wrapped before it was read: a warning in the report
+                    self._failed("read every native mark", RuntimeError(
+                        f"{self.native.lost - lost} overwritten before they were read (the drain fell behind)"))
+                # the native timer's samples up to now (--record-every), so that every sample before the
+                # marks' times is in the series when a mark ends a step
+                self.tracer.sampler.pull_timer()
+                if len(records):
+                    self._guard("read the native marks", lambda: self._dispatch(records))
+        finally:
+            self._draining.on = False
+
+    def _dispatch(self, records: Any) -> None:
+        replay.dispatch(self.tracer, self._marked, records)
+
+    def _native_key(self, op: str, meta: dict[str, Any], world_size: int, static: replay.StaticShapes) -> int:
+        """The key of a new native mark: what its records are read back as (:meth:`_dispatch`), with
+        the shapes known when the graph was built (the mark's inputs are the others)."""
+        with self._lock:
+            self._marked.append((op, meta, world_size, static))
+            key = len(self._marked) - 1
+            if self._keys is not None:
+                self._keys.add(key, op, meta, world_size, static)
+            return key
+
+    def _native_fits(self, tensors: Any) -> bool:
+        """Whether native marks are on and every tensor's shape fits a native record (a known rank of
+        at most 8): otherwise the Python call records it."""
+        from memdiag.nativemarks import MAX_VALUES
+
+        if self.native is None:
+            return False
+        ranks = [tensor.shape.rank for tensor in tensors]
+        return all(rank is not None and rank <= MAX_VALUES for rank in ranks)
+
+    # -- records ----------------------------------------------------------------------------------------
+    def _begin(self, op: str, items: list[tuple[Origin, Any]]) -> list[Any]:
+        """Tell the tracer collectives are starting, with the bytes each will receive; in a graph,
+        the returned ops must run before the collective (a control dependency)."""
+        metas = [self._meta(op, origin, tensor, grouped=len(items) > 1) for origin, tensor in items]
+        world_size = self.world_size()
+        in_graph = not tf.executing_eagerly()
+
+        def begin(*shapes: Any) -> list[Any]:
+            try:
+                for meta, shape_in in zip(metas, shapes):
+                    shape = [int(d) for d in np.asarray(shape_in)]
+                    self.tracer.begin_collective(meta, replay.expected_bytes(op, meta, shape, world_size), in_graph=in_graph)
+            except Exception as exc:  # noqa: BLE001 - runs inside the job's step: never raises into it
+                self._failed(f"mark an {op}'s start", exc)
+            return []
+
+        if tf.executing_eagerly():
+            begin(*[tensor.shape for _, tensor in items])
+            return []
+        if self._native_fits(tensor for _, tensor in items):
+            from memdiag.nativemarks import BEGIN
+
+            # one mark per tensor: a record holds a few shapes; a shape known now is kept with the key,
+            # not made an op (a constant under a control dependency is a node that runs every step)
+            marks = []
+            for meta, (_, tensor) in zip(metas, items):
+                static, inputs = mark_inputs([tensor])
+                marks.append(self.native.mark(self._native_key(op, meta, world_size, static), BEGIN, inputs))
+            return marks
+        shapes = [tf.shape(tensor, out_type=tf.int64) for _, tensor in items]
+        return [host_call(begin, shapes, name="memdiag_begin")]
+
+    def _meta(self, op: str, origin: Origin, tensor: Any, grouped: bool) -> dict[str, Any]:
+        dtype = tf.as_dtype(tensor.dtype)
+        return {
+            "op": op,
+            "name": origin.name,
+            "part": ("indices" if is_integer(tensor) else "values") if origin.sparse and not origin.densified else None,
+            "dtype": dtype.name,
+            "itemsize": dtype.size,
+            "sparse": origin.sparse,
+            "densified": origin.densified,
+            "merged": origin.merged,
+            "grouped": grouped,
+            "gradient": origin.gradient,
+            "reduce_op": origin.reduce_op,
+            "process_set_size": origin.process_set_size,
+        }
+
+    def _record(self, op: str, origin: Origin, tensor: Any, output: Any, grouped: bool) -> Any:
+        """Record the collective (at run time in a graph); the output to hand on: ``output`` itself, or
+        in a TF1 graph, where only what is fetched runs, an identity of it that waits for the record."""
+        meta = self._meta(op, origin, tensor, grouped)
+        if tf.executing_eagerly():
+            self.tracer.collective(meta, static_shape(tensor), static_shape(output))
+            return output
+        record = self.tracer.collective
+
+        def emit(shape_in: Any, shape_out: Any) -> list[Any]:
+            try:
+                record(meta, np.asarray(shape_in).tolist(), np.asarray(shape_out).tolist())
+            except Exception as exc:  # noqa: BLE001 - runs inside the job's step: never raises into it
+                self._failed(f"record an {op}", exc)
+            return []
+
+        # A static shape is a constant that would let the record run before the collective:
+        # the control dependency makes it wait for the output, so `t` is the completion time.
+        with tf.control_dependencies([output]):
+            if self._native_fits([tensor, output]):
+                from memdiag.nativemarks import END
+
+                static, inputs = mark_inputs([tensor, output])
+                marked = self.native.mark(self._native_key(op, meta, 0, static), END, inputs)
+            else:
+                shapes = [tf.shape(tensor, out_type=tf.int64), tf.shape(output, out_type=tf.int64)]
+                marked = host_call(emit, shapes, name="memdiag_record")
+        return after(output, marked)
+
+    @contextlib.contextmanager
+    def _abandoned_if_raising(self, op: str, origins: list[Origin]) -> Iterator[None]:
+        """Where Horovod raises (bad arguments), the collectives marked as started never run: unmark
+        them, and let Horovod's error reach the script unchanged."""
+        try:
+            yield
+        except BaseException:
+            names = [origin.name for origin in origins]
+            self._guard(f"unmark an {op}", lambda: [self.tracer.abandon_collective(op, name) for name in names])
+            raise
+
+
+def after(output: Any, ops: Any) -> Any:
+    """``output`` (a tensor or an IndexedSlices), made to wait for ``ops`` (an op, or a list: none leaves it
+    unchanged) where the graph would otherwise leave them out: a ``tf.function`` (and every
+    ``tf.cond``/``tf.while_loop`` branch built in one) runs every stateful op it holds, but a TF1 graph
+    runs only what a session fetches and what that depends on, so there the output is handed on through
+    an identity that waits for the records (it allocates nothing; an IndexedSlices's values).
+    Inside a ``tf.function`` the output is handed on unchanged: an identity there delays the
+    collective's consumer until the record has run, which lets TensorFlow reuse the output's buffer
+    in place where under plain Horovod it allocates a new one (the average of an allgather's values: a
+    gathered buffer less at the peak, which tests/integration/test_memray_trace.py caught; measured:
+    docs/notes/transparency.md#in-place-average), and memdiag would no longer measure the job as written."""
+    waits = list(ops) if isinstance(ops, (list, tuple)) else [ops]
+    values = output.values if isinstance(output, tf.IndexedSlices) else output
+    if not waits or not isinstance(values, tf.Tensor) or getattr(values.graph, "_add_control_dependencies", False):
+        return output
+    with tf.control_dependencies(waits):
+        if isinstance(output, tf.IndexedSlices):
+            return tf.IndexedSlices(tf.identity(output.values), output.indices, output.dense_shape)
+        return tf.identity(output)
+
+
+def mark_inputs(tensors: list[Any]) -> tuple[replay.StaticShapes, list[Any]]:
+    """For a native mark of ``tensors``' shapes: each shape known now (fully defined), None where it is
+    not, and the mark's inputs: a shape op for each of the others, in order."""
+    static: replay.StaticShapes = [static_shape(t) if t.shape.is_fully_defined() else None for t in tensors]
+    inputs = [tf.shape(t, out_type=tf.int64) for t, known in zip(tensors, static) if known is None]
+    return static, inputs
+
+
+def static_shape(tensor: Any) -> list[int]:
+    return [int(d) for d in tensor.shape]

@@ -1,0 +1,68 @@
+"""The parameters the job trains, as records: captured at the gradient hooks, ``params_initial`` and ``params_final``.
+
+Their final values are the job's result (compared between modes); their first values tell whether the
+script seeds itself. Each variable is read as :mod:`memdiag.agent.parameters` reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from memdiag.agent import parameters
+from memdiag.agent.parameters import ParameterCapture
+
+
+class ParameterRecords:
+    """The trainable variables the gradient hooks saw, by name, and their records; what cannot be read
+    is left out and counted, never raised."""
+
+    def __init__(self, tracer: Any, initial_path: str | None, failed: Callable[[str, BaseException], None],
+                 guard: Callable[[str, Callable[[], Any]], Any]) -> None:
+        self.tracer = tracer
+        self.initial_path = initial_path  # where to save the parameters before the first update
+        self._guard = guard
+        # the trainable variables the gradient hooks saw, by name; read where they can be read
+        self.variables = ParameterCapture(failed)
+        self.initial_recorded = False
+
+    def capture(self, name: str, var: Any) -> None:
+        """Keep the trainable variables the job reduces gradients for: their final values are the
+        job's result (compared between modes), their first values tell whether the script seeds."""
+        self.variables.add(name, var)
+
+    def before_first_update(self) -> None:
+        """The ``params_initial`` record, once, when the first gradients have been captured."""
+        if not self.initial_recorded and self.variables:
+            self.initial_recorded = True
+            self._guard("read the initial parameters", self.record_initial)
+
+    def record_initial(self) -> None:
+        """Before the first update: equal between two runs only if the script seeds itself."""
+        def record(values: dict[str, np.ndarray[Any, Any]]) -> None:
+            def write() -> None:
+                self.tracer.writer.add({"type": "params_initial", "step": self.tracer.step,
+                                        "digest": parameters.digest(values), "variables": len(values)})
+                if self.initial_path and values:
+                    parameters.save(self.initial_path, values)
+
+            self._guard("save the initial parameters", write)
+
+        self.variables.initial(record, span=lambda: self.tracer.own_work("read and save the initial parameters"))
+
+    def record_final(self, path: str | None) -> None:
+        """A ``params_final`` record of the captured variables' last values, and (``path``) the values
+        saved there; what cannot be read is left out and counted, never raised."""
+        def write() -> None:
+            if not self.variables:
+                return
+            with self.tracer.own_work("read and save the final parameters"):
+                values = self.variables.final()
+                self.tracer.writer.write_now({"type": "params_final", "digest": parameters.digest(values),
+                                              "variables": len(values), "captured": len(self.variables)})
+                if path is not None and values:
+                    parameters.save(path, values)
+
+        self._guard("save the final parameters", write)
