@@ -45,8 +45,8 @@ import sampler_cost  # noqa: E402
 import step_cost  # noqa: E402
 
 from memdiag import nativemarks  # noqa: E402
-from memdiag.agent.records import RecordWriter  # noqa: E402
 from memdiag.agent.sampler import HighWaterMark  # noqa: E402
+from memdiag.format.writer import RecordWriter  # noqa: E402
 
 EVICT = np.ones(drain_cost.EVICT_BYTES // 8)
 

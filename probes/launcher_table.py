@@ -19,7 +19,7 @@ FIELDS = ("step", "op", "name", "part", "dtype", "shape_in", "shape_out", "bytes
 
 
 def signature(run_dir: str, rank: int) -> list[tuple[str, ...]]:
-    from memdiag.collect import read_rank_file
+    from memdiag.format.reader import read_rank_file
 
     records = read_rank_file(os.path.join(run_dir, f"rank-{rank}.jsonl"), rank)
     return [tuple(str(c.get(f)) for f in FIELDS) for c in records.collectives]

@@ -14,7 +14,7 @@ then prints one table row. `--reuse` keeps a directory that holds a finished run
 what is missing; the table alone can be re-read from existing directories that way.
 
 Columns: "records" is the most bytes any rank received by allgather of gradients in one training step, summed
-from the rank files' collective records (read with memdiag.collect, not summary.json's figures); "formula"
+from the rank files' collective records (read with memdiag.format.reader, not summary.json's figures); "formula"
 is the sum over gathered gradients of summary.json's ``formula_gathered_bytes``; "records=formula" says, per N
 of the workload's sparse runs, whether the two are equal to the byte ("=") or not ("NO"). "pred 8" / "meas 8" are predict's
 gathered bytes per rank at N = 8 and the records' at N = 8; the peaks are predict's peak per rank and the
@@ -88,7 +88,7 @@ def measure(w: Workload, out: str, reuse: bool) -> None:
 def recorded_gathered(run_dir: str) -> tuple[int, list[int]]:
     """The most bytes one rank received by allgather of gradients in one training step, and each rank's
     most, summed from its collective records."""
-    from memdiag.collect import load_run
+    from memdiag.format.reader import load_run
 
     run = load_run(run_dir)
     per_rank = []

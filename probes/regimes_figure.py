@@ -34,7 +34,7 @@ from typing import Any
 
 from memdiag.analyze.model import MemoryModel, build_model
 from memdiag.commands.predict import load_summaries
-from memdiag.rundir import read_comparison
+from memdiag.format.rundir import read_comparison
 from memdiag.units import format_bytes
 
 MIB = 2**20

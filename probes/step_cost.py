@@ -45,9 +45,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from memdiag import nativemarks  # noqa: E402
 from memdiag.agent.hooks import CollectiveHooks  # noqa: E402
 from memdiag.agent.naming import Origin  # noqa: E402
-from memdiag.agent.records import RecordWriter  # noqa: E402
 from memdiag.agent.sampler import MemorySampler  # noqa: E402
 from memdiag.agent.tracer import Tracer  # noqa: E402
+from memdiag.format.writer import RecordWriter
 from memdiag.graphcalls import install  # noqa: E402
 
 

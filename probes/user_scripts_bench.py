@@ -33,7 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from memdiag.analyze.timeline import record_collectives, timeline_collectives, unshaped_ops  # noqa: E402
-from memdiag.rundir import read_timeline  # noqa: E402
+from memdiag.format.rundir import read_timeline  # noqa: E402
 
 SCRIPTS = {
     "user_tape_eager.py": ["--steps", "6", "--tokens", "256"],

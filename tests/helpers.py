@@ -39,8 +39,8 @@ def keras_variable_name(run_dir: Path, layer: str, variable: str) -> str:
 
 def undeclared_record_fields(run_dir: Path) -> dict[str, list[str]]:
     """Per record type, the fields the ranks wrote (every ``rank-K.jsonl`` under ``run_dir``) that
-    memdiag.schema does not declare for that type: what readers would meet undeclared."""
-    from memdiag.schema import undeclared_fields
+    memdiag.format.records does not declare for that type: what readers would meet undeclared."""
+    from memdiag.format.records import undeclared_fields
 
     found: dict[str, set[str]] = {}
     for path in sorted(Path(run_dir).rglob("rank-*.jsonl")):

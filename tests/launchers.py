@@ -24,7 +24,7 @@ def collective_signature(run_dir: Path, rank: int) -> list[tuple]:
     """Rank ``rank``'s collective records by :data:`SIGNATURE_FIELDS` (via the reader, which expands
     compact records), sorted: step by step, the same collectives. Within a step of a graph they complete
     in no fixed order, as under plain Horovod (memdiag.graphcalls)."""
-    from memdiag.collect import read_rank_file
+    from memdiag.format.reader import read_rank_file
 
     records = read_rank_file(str(Path(run_dir) / f"rank-{rank}.jsonl"), rank)
     return sorted(tuple(str(c.get(f)) for f in SIGNATURE_FIELDS) for c in records.collectives)

@@ -24,14 +24,15 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from memdiag import agreement, rundir
+from memdiag import agreement
 from memdiag.agent import delivery as _delivery
 from memdiag.agent import rank_horovod, rank_strategy, termination
 from memdiag.agent.rank_env import EnvironmentProblem, rank_from_env, ranks_on_node, world_size_from_env
-from memdiag.agent.records import RecordWriter
 from memdiag.agent.sampler import MemorySampler, read_hwm
 from memdiag.agent.tracer import Tracer
 from memdiag.agentconfig import TF_DISTRIBUTE, AgentConfig
+from memdiag.format import rundir
+from memdiag.format.writer import RecordWriter
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,7 +170,7 @@ def _limit_threads(config: AgentConfig) -> None:
 
 def _let_horovod_timeline_drain(path: str) -> None:
     """Give Horovod's timeline writer time to write what is queued before Horovod shuts down
-    (:func:`memdiag.rundir.wait_for_timeline_writer`). Every rank waits, since a rank's shutdown ends
+    (:func:`memdiag.format.rundir.wait_for_timeline_writer`). Every rank waits, since a rank's shutdown ends
     Horovod's loop on all ranks; a rank on a host without the file waits the quiet interval only."""
     if path:
         rundir.wait_for_timeline_writer(path)

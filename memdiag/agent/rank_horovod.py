@@ -13,15 +13,15 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from memdiag import rundir
 from memdiag.agent import replay
 from memdiag.agent.rank_env import EnvironmentProblem, mpi_version
-from memdiag.agent.records import RecordWriter
 from memdiag.agent.sampler import MemorySampler, read_rss
 from memdiag.agent.tracer import Tracer
 from memdiag.agent.workload_run import run_builtin, run_script
 from memdiag.agentconfig import AgentConfig
-from memdiag.recordformat import RECORDS_FORMAT
+from memdiag.format import rundir
+from memdiag.format.layout import RECORDS_FORMAT
+from memdiag.format.writer import RecordWriter
 
 if TYPE_CHECKING:
     from memdiag.agent.hooks import CollectiveHooks

@@ -12,13 +12,14 @@ import platform
 import socket
 from typing import Any
 
-from memdiag import agreement, rundir
+from memdiag import agreement
 from memdiag.agent.rank_env import mpi_version, ranks_on_node, world_size_from_env
-from memdiag.agent.records import RecordWriter
 from memdiag.agent.tracer import Tracer
 from memdiag.agent.workload_run import run_builtin, run_script
 from memdiag.agentconfig import AgentConfig
-from memdiag.recordformat import RECORDS_FORMAT
+from memdiag.format import rundir
+from memdiag.format.layout import RECORDS_FORMAT
+from memdiag.format.writer import RecordWriter
 
 
 def write_tf_config(rank: int, size: int) -> dict[str, Any]:

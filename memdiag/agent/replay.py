@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 from typing_extensions import TypeAlias
 
-from memdiag import rundir
 from memdiag.agent.sampler import HighWaterMark, MemorySampler
-from memdiag.collect import read_rank_file
+from memdiag.format import rundir
+from memdiag.format.reader import read_rank_file
 from memdiag.nativemarks import BEGIN, RSS, read_ring_file, shape
 
 
@@ -145,7 +145,7 @@ def recover(run_dir: str, ranks: range) -> dict[int, dict[str, Any]]:
 
 
 def _write_replayed(run_dir: str, rank: int, fields: dict[str, Any]) -> dict[str, Any]:
-    from memdiag.agent.records import RecordWriter
+    from memdiag.format.writer import RecordWriter
 
     writer = RecordWriter(os.path.join(run_dir, rundir.rank_file(rank)), rank)
     record = {"type": "replayed", "source": rundir.marks_file(rank), **fields}
@@ -155,7 +155,7 @@ def _write_replayed(run_dir: str, rank: int, fields: dict[str, Any]) -> dict[str
 
 
 class _Known:
-    """What the rank's records say of where it was (read as memdiag.collect reads them): its last step and
+    """What the rank's records say of where it was (read as memdiag.format.reader reads them): its last step and
     that step's end, whether it ended, its run peak, whether its steps are stepped by gradient reductions,
     the latest collective written."""
 
@@ -173,8 +173,8 @@ class _Known:
 
 
 def _replay(run_dir: str, rank: int, marks_path: str) -> dict[str, Any] | None:
-    from memdiag.agent.records import RecordWriter
     from memdiag.agent.tracer import Tracer
+    from memdiag.format.writer import RecordWriter
 
     rank_path = os.path.join(run_dir, rundir.rank_file(rank))
     keys_path = os.path.join(run_dir, rundir.keys_file(rank))

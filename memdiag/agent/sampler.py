@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from memdiag.recordformat import decimate
+from memdiag.format.layout import decimate
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 

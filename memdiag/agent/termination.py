@@ -12,9 +12,9 @@ import sys
 from collections.abc import Callable
 
 from memdiag.agent import delivery as _delivery
-from memdiag.agent.records import RecordWriter
 from memdiag.agent.sampler import read_hwm
 from memdiag.agent.tracer import Tracer
+from memdiag.format.writer import RecordWriter
 
 # How a batch system ends a job (scancel, a time limit; mpirun and memdiag agent pass it on): SIGTERM,
 # then SIGKILL after a grace period (Slurm's KillWait, mpirun's odls_base_sigkill_timeout).

@@ -33,10 +33,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, cast
 
-from memdiag.agent.records import CollectiveRecords, RecordWriter
 from memdiag.agent.sampler import HighWaterMark, MemorySampler
-from memdiag.recordformat import SeriesPolicy, mem_record
-from memdiag.schema import SETUP_STEP, InFlight, Received
+from memdiag.format.layout import SeriesPolicy, mem_record
+from memdiag.format.records import SETUP_STEP, InFlight, Received
+from memdiag.format.writer import CollectiveRecords, RecordWriter
 
 # Collective record fields that only some engines' hooks give (memdiag.agent.hooks_tf).
 OPTIONAL_FIELDS = ("engine", "stage", "padded", "pack_members")
@@ -53,7 +53,7 @@ class _Span:
     rss: list[int]
 
 
-# The most collective metas whose kind key the tracer remembers (memdiag.agent.records.CollectiveRecords).
+# The most collective metas whose kind key the tracer remembers (memdiag.format.writer.CollectiveRecords).
 KIND_KEYS_KEPT = 4096
 
 

@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from memdiag import rundir
+from memdiag.format import rundir
 
 ALLGATHER = "Horovod allgather output"
 ALLREDUCE = "Horovod allreduce and fusion buffers"

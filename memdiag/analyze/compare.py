@@ -15,12 +15,12 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from memdiag import rundir
 from memdiag.analyze.correctness import correctness
 from memdiag.analyze.model import linear_fit
 from memdiag.analyze.physics import physics
 from memdiag.analyze.predicted import predicted_gathered
-from memdiag.schema import CompareRow, Comparison, GrowthTensor, RunSummary
+from memdiag.format import rundir
+from memdiag.format.results import CompareRow, Comparison, GrowthTensor, RunSummary
 
 
 def load_summary(run_dir: str) -> RunSummary:

@@ -16,13 +16,13 @@ from typing import cast
 
 import numpy as np
 
-from memdiag import rundir
 from memdiag.analyze import verify
-from memdiag.schema import (
+from memdiag.format import rundir
+from memdiag.format.records import ReductionCheckRecord
+from memdiag.format.results import (
     Correctness,
     ParameterCheck,
     RankOrderLook,
-    ReductionCheckRecord,
     ReductionFigures,
     ReductionResult,
     RunSummary,

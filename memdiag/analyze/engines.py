@@ -18,7 +18,7 @@ from memdiag.analyze import verify
 from memdiag.analyze.compare import build, load_summary
 from memdiag.analyze.correctness import parameter_check, second_look, spread_check
 from memdiag.analyze.predicted import gathered_policies, predicted_gathered, predicted_padding
-from memdiag.schema import (
+from memdiag.format.results import (
     CompareRow,
     Comparison,
     CrossEngineCheck,

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 
-from memdiag import rundir
-from memdiag.collect import RankRecords, Run
-from memdiag.schema import FailureSummary, LastCollective, WaitingRecord
+from memdiag.format import rundir
+from memdiag.format.reader import RankRecords, Run
+from memdiag.format.records import WaitingRecord
+from memdiag.format.results import FailureSummary, LastCollective
 from memdiag.units import format_bytes
 
 # Horovod's stall inspector (HOROVOD_STALL_CHECK_TIME_SECONDS) names, per rank, the tensors that the

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from memdiag.format.results import CollectiveSummary, ModeApplied, NotApplied, PolicySummary
 from memdiag.policy import AS_WRITTEN
-from memdiag.schema import CollectiveSummary, ModeApplied, NotApplied, PolicySummary
 
 # What each explicit mode asks of every IndexedSlices gradient (auto: its own decision per gradient).
 _ASKED = {"sparse": "sparse", "dense": "dense", "dedup": "dedup"}

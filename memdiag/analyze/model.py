@@ -65,9 +65,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
 from memdiag._errors import UserError
+from memdiag.format.results import Prediction, PredictionRow, RunSummary, ShapeFields, TensorRows
 from memdiag.formula import SparseGradientShape
 from memdiag.policy import decide, guarded_distinct_rows
-from memdiag.schema import Prediction, PredictionRow, RunSummary, ShapeFields, TensorRows
 
 AVERAGE, SUM = "average", "sum"
 GATHERING_OPS = (AVERAGE, SUM)  # the only ops Horovod 0.28.1 reduces an IndexedSlices with by allgather

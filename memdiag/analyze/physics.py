@@ -7,7 +7,7 @@ Also which phase set each peak, and whether each difference is larger than the n
 from __future__ import annotations
 
 from memdiag._errors import UserError
-from memdiag.schema import Comparison, GrowthSegment, Physics, RunSummary
+from memdiag.format.results import Comparison, GrowthSegment, Physics, RunSummary
 
 
 def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) -> Physics:

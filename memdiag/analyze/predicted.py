@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from memdiag import formula
-from memdiag.schema import PolicySummary, RunSummary
+from memdiag.format.results import PolicySummary, RunSummary
 
 
 def gathered_policies(summary: RunSummary) -> list[PolicySummary]:

@@ -27,8 +27,8 @@ import numpy as np
 
 from memdiag._errors import UserError
 from memdiag.analyze.model import gradients_from_summaries
+from memdiag.format.results import RunSummary
 from memdiag.formula import MPI_COUNT_LIMIT, SparseGradientShape, gathered_elements
-from memdiag.schema import RunSummary
 
 # Typical of a 100 Gb/s fabric (InfiniBand EDR, Omni-Path as on Stampede2): a few microseconds of
 # MPI latency and about 10 GB/s of the 12.5 GB/s line rate achieved per link.

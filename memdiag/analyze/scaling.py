@@ -14,12 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from memdiag import rundir
 from memdiag._errors import UserError
 from memdiag.analyze import projection as model
-from memdiag.collect import read_rank_file
+from memdiag.format import rundir
+from memdiag.format.manifest import RunManifest, read_manifest
+from memdiag.format.reader import read_rank_file
+from memdiag.format.records import SETUP_STEP
+from memdiag.format.results import RunSummary, ScaleResult, ScaleRow, Study
 from memdiag.hosts import ranks_per_host
-from memdiag.schema import SETUP_STEP, RunSummary, ScaleResult, ScaleRow, Study
 
 COLLECTIVE_TIME_METHOD = (
     "in coll.: from rank 0's Horovod timeline, the union of the intervals in which a collective was "
@@ -50,7 +52,7 @@ def analyze_dir(path: str, projection: ProjectionRequest | None) -> ScaleResult:
         study: Study = {"workload": summary["workload"] or os.path.basename(os.path.normpath(path)),
                         "preset": summary["preset"], "scaling": None, "mode": summary["mode"],
                         "steps": summary["steps"] or 0, "rank_counts": [summary["world_size"]],
-                        "hosts": rundir.read_json(os.path.join(path, rundir.RUN_MANIFEST)).get("hosts"),
+                        "hosts": read_manifest(path).get("hosts"),
                         "overrides": {}, "batch_overrides": {}}
         return build_result(study, {summary["world_size"]: path}, projection)
     raise UserError(f"--from {path}: no {rundir.SCALE_FILE} or run summary there; give a directory written by "
@@ -60,8 +62,7 @@ def analyze_dir(path: str, projection: ProjectionRequest | None) -> ScaleResult:
 # -- the analysis -----------------------------------------------------------------------------------
 
 def build_result(study: Study, run_dirs: dict[int, str], projection: ProjectionRequest | None) -> ScaleResult:
-    rows = [measured_row(rundir.read_summary(d),
-                         rundir.read_json(os.path.join(d, rundir.RUN_MANIFEST)), d)
+    rows = [measured_row(rundir.read_summary(d), read_manifest(d), d)
             for _, d in sorted(run_dirs.items())]
     add_ratios(rows)
     experiment, warnings = study_warnings(rows)
@@ -96,7 +97,7 @@ def build_result(study: Study, run_dirs: dict[int, str], projection: ProjectionR
     return result
 
 
-def measured_row(summary: RunSummary, manifest: dict[str, Any], run_dir: str) -> ScaleRow:
+def measured_row(summary: RunSummary, manifest: RunManifest, run_dir: str) -> ScaleRow:
     """One rank count: what the table shows, all per rank and per step, maxima over ranks."""
     ranks = summary["ranks"]
     step_times = [r["step_time_s"] for r in ranks if r["step_time_s"] is not None]

@@ -38,8 +38,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from memdiag.recordformat import in_window
-from memdiag.schema import MemRecord, PhaseFigures, SteadyFigures, StepRecord
+from memdiag.format.layout import in_window
+from memdiag.format.records import MemRecord, StepRecord
+from memdiag.format.results import PhaseFigures, SteadyFigures
 
 # How far a steady window's peaks may lie apart, and its trend carry the run (module docstring).
 STEADY_TOLERANCE = 0.01
@@ -141,7 +142,7 @@ def _phases(steps: Sequence[StepRecord], window: Sequence[StepRecord], memory: S
                 "collective_rise_bytes": 0, "compute_rise_bytes": 0, "peak_phase": "compute"}
     first_start = min(start for start, _ in windows.values())
     # In time order: every sample of the steps that kept theirs, and the aggregates of the others
-    # (memdiag.agent.records: ranks keep the samples of every step until the first collective window,
+    # (memdiag.format.writer: ranks keep the samples of every step until the first collective window,
     # so only steps after it are aggregates; their rises within the step are the step record's own).
     stream: list[tuple[float, int, Any, MemRecord | None]] = []
     for m in memory:

@@ -13,24 +13,22 @@ from typing import Any, cast
 
 import numpy as np
 
-from memdiag import rundir
 from memdiag.analyze.attribution import summary_entry as attribution_entry
 from memdiag.analyze.failure import diagnose
 from memdiag.analyze.mode_applied import mode_applied, not_applied_reasons
 from memdiag.analyze.steady import steady_figures
-from memdiag.collect import CollectiveLog, RankRecords, Run
-from memdiag.schema import (
+from memdiag.format import rundir
+from memdiag.format.reader import CollectiveLog, RankRecords, Run
+from memdiag.format.records import DistinctRowsRecord, FirstGradient, StepRecord
+from memdiag.format.results import (
     CollectiveSummary,
     Consistency,
-    DistinctRowsRecord,
     DistinctRowsSummary,
-    FirstGradient,
     PaddingSummary,
     PolicySummary,
     RankSummary,
     RunSummary,
     StepDetail,
-    StepRecord,
 )
 
 

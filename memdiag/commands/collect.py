@@ -16,8 +16,9 @@ import shutil
 import socket
 from typing import Any
 
-from memdiag import rundir
 from memdiag._errors import UserError
+from memdiag.format import rundir
+from memdiag.format.manifest import RunManifest, read_manifest
 
 
 class CollectCommand:
@@ -35,7 +36,7 @@ class CollectCommand:
         if rundir.kind(out) != rundir.RUN:
             raise UserError(f"{out} is not a memdiag run directory (no {rundir.RUN_MANIFEST}); give the --out of "
                             "memdiag run or memdiag agent")
-        manifest = rundir.read_json(os.path.join(out, rundir.RUN_MANIFEST))
+        manifest = read_manifest(out)
         for spool in args.spools:
             merged = merge_spool(spool, out, str(manifest.get("run_id")))
             print(f"{spool}: {merged} file(s) added to or extended in {out}")
@@ -52,15 +53,15 @@ class CollectCommand:
                 session.conclude(out, manifest, returncode=None, timed_out=False, wall_s=None,
                                  command=manifest.get("command"), unfinished=True)
         else:
-            from memdiag.collect import load_run
+            from memdiag.format.reader import load_run
 
             session.write_summary(load_run(out))
-        status = rundir.read_json(os.path.join(out, rundir.RUN_MANIFEST)).get("status")
+        status = read_manifest(out).get("status")
         print(f"{out}: status {status}")
         return 0
 
 
-def launcher_alive(manifest: dict[str, Any]) -> list[int]:
+def launcher_alive(manifest: RunManifest) -> list[int]:
     """``memdiag run``'s own pid, when it runs on this host still."""
     pid = manifest.get("launcher_pid")
     if isinstance(pid, int) and manifest.get("launcher_host") == socket.gethostname() and os.path.exists(f"/proc/{pid}"):

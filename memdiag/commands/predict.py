@@ -6,7 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from memdiag.schema import RunSummary
+    from memdiag.format.results import RunSummary
 
 
 class PredictCommand:
@@ -71,10 +71,10 @@ def of_one_engine(summaries: list[RunSummary], engine: str | None, path: str) ->
 
 def load_summaries(path: str) -> list[RunSummary]:
     """summary.json of a run directory, or of every run in a comparison directory."""
-    from memdiag import rundir
     from memdiag._errors import UserError
     from memdiag.analyze.summary import summarize
-    from memdiag.collect import load_run
+    from memdiag.format import rundir
+    from memdiag.format.reader import load_run
 
     dirs = rundir.runs_of(path) if rundir.kind(path) == rundir.COMPARISON else [path]
     summaries = []

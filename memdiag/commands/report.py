@@ -30,7 +30,7 @@ class ReportCommand:
                             help="also write PNG plots: memory.png for a run, peak-vs-ranks.png for a comparison")
 
     def run(self, args: argparse.Namespace, script_args: list[str]) -> int:
-        from memdiag import rundir
+        from memdiag.format import rundir
         from memdiag.report import reporter
 
         result = load(args.run_dir)
@@ -47,9 +47,9 @@ class ReportCommand:
 
 def load(path: str) -> RunResult | StudyResult:
     """The result a directory holds: a run, or a comparison or scaling study of runs."""
-    from memdiag import rundir
-    from memdiag.collect import load_run
     from memdiag.commands.collect import ended_without_word
+    from memdiag.format import rundir
+    from memdiag.format.reader import load_run
     from memdiag.report.reporter import RunResult, StudyResult
 
     what = rundir.kind(path)
@@ -72,9 +72,9 @@ def _compare_plots(path: str) -> list[str] | None:
     import os
     from typing import cast
 
-    from memdiag import rundir
+    from memdiag.format import rundir
+    from memdiag.format.results import EnginesComparison
     from memdiag.report.plots import PEAK_PLOT, plot_peak_vs_ranks, write_compare_plots
-    from memdiag.schema import EnginesComparison
 
     comparison = rundir.read_comparison(path)
     if comparison.get("engine") != "both":

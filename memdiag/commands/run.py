@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from rich.console import Console
 
 from memdiag.agentconfig import ENGINES, HOROVOD, TF_DISTRIBUTE
 from memdiag.commands._args import add_launch_options, add_launcher_option, mode_choice, positive_int, ranks_from_allocation
+from memdiag.format.manifest import RunManifest
 
 
 class RunCommand:
@@ -32,9 +32,9 @@ class RunCommand:
 
     def run(self, args: argparse.Namespace, script_args: list[str]) -> int:
 
-        from memdiag import rundir
-        from memdiag.collect import load_run
         from memdiag.commands._live import live_display
+        from memdiag.format import rundir
+        from memdiag.format.reader import load_run
         from memdiag.launch.options import LaunchOptions
         from memdiag.launch.session import RunRequest, execute
         from memdiag.report.terminal import print_run
@@ -60,7 +60,7 @@ class RunCommand:
         return 0
 
 
-def script_exit_status(manifest: dict[str, Any]) -> int:
+def script_exit_status(manifest: RunManifest) -> int:
     """A failed run's exit status: the launcher's (for a script, the status its failing rank exited
     with, as under plain mpirun), else 1 (a timeout, a signal, memdiag's own failure)."""
     code = manifest.get("returncode")
@@ -70,7 +70,7 @@ def script_exit_status(manifest: dict[str, Any]) -> int:
 def _print_log_tail(out: str, console: Console, lines: int = 15) -> None:
     import os
 
-    from memdiag import rundir
+    from memdiag.format import rundir
 
     path = os.path.join(out, rundir.MPIRUN_LOG)
     if os.path.exists(path):

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from memdiag import rundir
 from memdiag._errors import UserError
+from memdiag.format import rundir
+from memdiag.format.manifest import read_manifest
 
 if TYPE_CHECKING:
     from memdiag.launch.session import RankProgress
@@ -49,13 +50,12 @@ def watch(out: str, interval_s: float, console: Console) -> tuple[str, list[Rank
     from memdiag.commands._live import live_display
     from memdiag.launch.session import StepWatcher
 
-    manifest_path = os.path.join(out, rundir.RUN_MANIFEST)
     watchers: dict[int, StepWatcher] = {}
     what = f"watching {out}"
     with console.status(what) as shown:
         show = live_display(what, shown, console)
         while True:
-            manifest = rundir.read_json(manifest_path)
+            manifest = read_manifest(out)
             size = int(manifest.get("world_size") or 0)
             ranks = set(range(size)) | {int(m.group(1)) for name in os.listdir(out)
                                         if (m := rundir.RANK_FILE.match(name))}

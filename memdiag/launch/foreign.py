@@ -38,11 +38,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from memdiag import ports, rundir
+from memdiag import ports
 from memdiag._errors import UserError
 from memdiag.agent import launcher_env
 from memdiag.agentconfig import TF_DISTRIBUTE
-from memdiag.collect import load_run
+from memdiag.format import rundir
+from memdiag.format.manifest import manifest_path, read_manifest, write_manifest
+from memdiag.format.reader import load_run
 from memdiag.launch import session
 from memdiag.launch.session import RunRequest
 
@@ -187,10 +189,9 @@ class _Rank:
             raise
 
     def _create(self) -> None:
-        manifest = os.path.join(self.out, rundir.RUN_MANIFEST)
-        if os.path.isfile(manifest):
+        if os.path.isfile(manifest_path(self.out)):
             try:
-                theirs = rundir.read_json(manifest).get("run_id")
+                theirs = read_manifest(self.out).get("run_id")
             except UserError:
                 theirs = None
             if theirs == self.run_id:
@@ -221,10 +222,10 @@ class _Rank:
                 f"--memray-ranks {','.join(map(str, sorted(self.request.memray_ranks)))}: allocations tracked on "
                 "these ranks; oneDNN's pooled allocator off (TF_ENABLE_ONEDNN_OPTS=0) on every rank unless the "
                 "environment sets it")
-        rundir.write_json(manifest, manifest_data)
+        write_manifest(self.out, manifest_data)
 
     def _wait_for_manifest(self) -> None:
-        path = os.path.join(self.out, rundir.RUN_MANIFEST)
+        path = manifest_path(self.out)
         deadline = time.monotonic() + self.request.start_timeout_s
         while time.monotonic() < deadline:
             try:
@@ -345,7 +346,7 @@ def exit_codes(out: str) -> dict[int, int]:
 
 def conclude_agents(out: str, codes: Mapping[int, int], unfinished: bool = False) -> None:
     """Complete run.json of a ``memdiag agent`` run from the ranks' records and exit statuses."""
-    manifest = rundir.read_json(os.path.join(out, rundir.RUN_MANIFEST))
+    manifest = read_manifest(out)
     signals = sorted({-c for c in codes.values() if c < 0} | {c - 128 for c in codes.values() if 128 < c < 160})
     run = load_run(out)
     terminated = sorted({str(r.end.get("signal")) for r in run.ranks.values()

@@ -10,17 +10,18 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
-from memdiag import __version__, agreement, ports, rundir
+from memdiag import __version__, agreement, ports
 from memdiag._errors import UserError
 from memdiag.agent import replay
 from memdiag.agentconfig import ENGINES, HOROVOD, TF_DISTRIBUTE, TF_DISTRIBUTE_MODES, TF_DISTRIBUTE_WORKLOADS, AgentConfig
-from memdiag.collect import RankRecords, Run, line_kind, load_run, parse_line
+from memdiag.format import rundir
+from memdiag.format.manifest import RunManifest, write_manifest
+from memdiag.format.reader import RankRecords, Run, line_kind, load_run, parse_line
+from memdiag.format.records import SETUP_STEP
 from memdiag.launch import mpirun
 from memdiag.launch.options import LaunchOptions
 from memdiag.policy import AS_WRITTEN, MODES
-from memdiag.schema import SETUP_STEP
 from memdiag.workloads import WORKLOADS
 from memdiag.workloads import check as check_workload
 
@@ -267,7 +268,7 @@ def progress_line(what: str, elapsed_s: float, ranks: list[RankProgress]) -> str
     return " · ".join(progress_parts(what, elapsed_s, ranks))
 
 
-def run_manifest(request: RunRequest, run_id: str, config: AgentConfig, launcher: str) -> dict[str, Any]:
+def run_manifest(request: RunRequest, run_id: str, config: AgentConfig, launcher: str) -> RunManifest:
     """run.json as a run starts: what was asked, where ranks go (as far as the launcher lets it be known
     beforehand), ``status: running``. :func:`conclude` completes it."""
     options = request.options
@@ -336,8 +337,7 @@ def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None,
     run_id = uuid.uuid4().hex[:12]
     config = agent_config(request, run_id, out)
     manifest = run_manifest(request, run_id, config, options.launcher)
-    manifest_path = os.path.join(out, rundir.RUN_MANIFEST)
-    rundir.write_json(manifest_path, manifest)
+    write_manifest(out, manifest)
     extra_env = rank_environment(request, out)
     if request.engine == TF_DISTRIBUTE:
         if options.hosts:
@@ -352,7 +352,7 @@ def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None,
             extra_env[ports.ENV] = ports.encode(chosen)
             manifest["tf_ports"] = chosen
             manifest["tf_ports_by"] = "launcher"
-        rundir.write_json(manifest_path, manifest)
+        write_manifest(out, manifest)
     launch = mpirun.Launch(request.world_size, [config.encode()], hosts=options.hosts,
                            timeout_s=options.timeout_s, extra_env=extra_env,
                            mpirun_args=list(RANK_ORDER_MCA) if request.rank_order_allreduce else [],
@@ -426,7 +426,7 @@ def where_ranks_stopped(stopped: Mapping[int, int | None], world_size: int) -> s
     return "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))} {where}" for where, r in groups.items())
 
 
-def conclude(out: str, manifest: dict[str, Any], *, returncode: int | None, timed_out: bool, wall_s: float | None,
+def conclude(out: str, manifest: RunManifest, *, returncode: int | None, timed_out: bool, wall_s: float | None,
              command: list[str] | None, signal_name: str | None = None, exit_codes: Mapping[int, int] | None = None,
              summarize_run: bool = True, unfinished: bool = False) -> Run:
     """Complete run.json from the ranks' records (status, per-rank status, where the ranks ran) and,
@@ -466,7 +466,7 @@ def conclude(out: str, manifest: dict[str, Any], *, returncode: int | None, time
         counts: dict[str, int] = {}
         for host in hosts:
             counts[str(host)] = counts.get(str(host), 0) + 1
-        manifest["placement"] = hosts
+        manifest["placement"] = [str(h) for h in hosts]
         manifest["hosts"] = ",".join(f"{h}:{c}" for h, c in counts.items()) if len(counts) > 1 else None
         manifest["oversubscribed"] = max(counts.values()) > int(manifest.get("cores_per_host") or 1)
     manifest.update({
@@ -484,7 +484,7 @@ def conclude(out: str, manifest: dict[str, Any], *, returncode: int | None, time
         manifest["rank_exit_codes"] = {str(r): exit_codes.get(r) for r in range(world_size)}
     if signal_name is not None:
         manifest["terminated_by"] = signal_name
-    rundir.write_json(os.path.join(out, rundir.RUN_MANIFEST), manifest)
+    write_manifest(out, manifest)
     run.manifest = manifest  # the records were read above; only the manifest has changed since
     if summarize_run:
         write_summary(run)

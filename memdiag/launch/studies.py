@@ -21,17 +21,17 @@ from dataclasses import dataclass, field, replace
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from memdiag import rundir
 from memdiag._errors import UserError
 from memdiag.agentconfig import ENGINES, HOROVOD, TF_DISTRIBUTE
 from memdiag.analyze import compare as comparison
 from memdiag.analyze import scaling
 from memdiag.analyze.correctness import rank_order_candidates
 from memdiag.analyze.engines import build_engines
+from memdiag.format import rundir
+from memdiag.format.results import Comparison, EnginesComparison, ScaleResult, Study
 from memdiag.launch.options import LaunchOptions
 from memdiag.launch.session import RunRequest, execute, is_script, label, validate
 from memdiag.policy import AS_WRITTEN
-from memdiag.schema import Comparison, EnginesComparison, ScaleResult, Study
 from memdiag.workloads import check as check_workload
 from memdiag.workloads import configs
 

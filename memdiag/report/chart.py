@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
-from memdiag.schema import CompareRow
+from memdiag.format.results import CompareRow
 from memdiag.units import format_bytes
 
 MODE_STYLES = {"sparse": "red", "dense": "green", "auto": "cyan"}

@@ -11,10 +11,10 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.text import Text
 
+from memdiag.format.results import Comparison, EnginesComparison, Physics, RankOrderLook
 from memdiag.report._fit import Column, FitTable
 from memdiag.report.chart import peak_chart
 from memdiag.report.terminal import LIVE_ASSUMPTION, common_scope, describe_memory_environment, short_name
-from memdiag.schema import Comparison, EnginesComparison, Physics, RankOrderLook
 from memdiag.units import format_bytes
 
 

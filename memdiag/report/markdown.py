@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import cast
 
-from memdiag import rundir
 from memdiag._errors import UserError
+from memdiag.format import rundir
+from memdiag.format.manifest import RunManifest
+from memdiag.format.results import Comparison, EnginesComparison, RunSummary
 from memdiag.report.compare import engines_sentence, second_look_outcome
 from memdiag.report.reporter import Refusing, RunResult, StudyResult
 from memdiag.report.terminal import common_scope, short_name
-from memdiag.schema import Comparison, EnginesComparison, RunSummary
 from memdiag.units import format_bytes
 
 
@@ -23,7 +24,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def run_markdown(summary: RunSummary, manifest: dict[str, Any]) -> str:
+def run_markdown(summary: RunSummary, manifest: RunManifest) -> str:
     title = f"## {summary.get('workload')} — mode {summary.get('mode')}, {summary.get('world_size')} ranks"
     ranks = _table(
         ["rank", "status", "peak RSS", "VmHWM", "allgather/step", "allreduce/step", "step time"],

@@ -7,9 +7,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from memdiag.collect import Run, mem_points
-from memdiag.recordformat import decimate
-from memdiag.schema import Comparison
+from memdiag.format.layout import decimate
+from memdiag.format.reader import Run, mem_points
+from memdiag.format.results import Comparison
 
 MEMORY_PLOT = "memory.png"
 PEAK_PLOT = "peak-vs-ranks.png"
@@ -129,7 +129,7 @@ def write_run_plots(run: Run) -> list[str] | None:
 
 def write_compare_plots(compare_dir: str) -> list[str] | None:
     """``peak-vs-ranks.png`` in a comparison directory (from its compare.json); None without matplotlib."""
-    from memdiag.rundir import read_comparison
+    from memdiag.format.rundir import read_comparison
 
     result = cast(Comparison, read_comparison(compare_dir))
     title = f"{result.get('workload', '?')} ({result.get('preset', '?')}): peak memory per rank against ranks"

@@ -13,9 +13,9 @@ from typing import Any
 from rich.console import Console, Group
 from rich.text import Text
 
+from memdiag.format.results import Prediction
 from memdiag.report._fit import Column, FitTable
 from memdiag.report.terminal import common_scope, short_name
-from memdiag.schema import Prediction
 from memdiag.units import format_bytes
 
 # Why a gathered byte costs k bytes at the peak, per reduce op (Horovod's sparse path).

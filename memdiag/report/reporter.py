@@ -11,13 +11,13 @@ import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
-from memdiag import rundir
 from memdiag._errors import UserError
+from memdiag.format import rundir
 
 if TYPE_CHECKING:
-    from memdiag.collect import Run
     from memdiag.doctor import Check
-    from memdiag.schema import Prediction, RunSummary
+    from memdiag.format.reader import Run
+    from memdiag.format.results import Prediction, RunSummary
 
 
 @dataclass

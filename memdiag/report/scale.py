@@ -12,8 +12,8 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.text import Text
 
+from memdiag.format.results import ScaleResult
 from memdiag.report._fit import Column, FitTable
-from memdiag.schema import ScaleResult
 from memdiag.units import format_bytes
 
 

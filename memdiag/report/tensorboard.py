@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from memdiag._errors import UserError
-from memdiag.collect import Run, load_run
+from memdiag.format.reader import Run, load_run
 from memdiag.report.reporter import Refusing, RunResult, StudyResult
 
 MIB = 2**20

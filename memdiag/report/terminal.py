@@ -12,8 +12,8 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.text import Text
 
-from memdiag.report._fit import Column, FitTable
-from memdiag.schema import (
+from memdiag.format.manifest import RunManifest
+from memdiag.format.results import (
     CollectiveSummary,
     DistinctRowsSummary,
     ModeApplied,
@@ -21,6 +21,7 @@ from memdiag.schema import (
     RankSummary,
     RunSummary,
 )
+from memdiag.report._fit import Column, FitTable
 from memdiag.units import format_bytes
 
 MAX_TENSOR_ROWS = 12
@@ -42,7 +43,7 @@ def describe_memory_environment(settings: dict[str, str]) -> list[str]:
     return [f"{name}={value} ({_MEMORY_SETTINGS.get(name, 'memory allocation')})" for name, value in settings.items()]
 
 
-def run_header(summary: RunSummary, manifest: dict[str, Any]) -> Panel:
+def run_header(summary: RunSummary, manifest: RunManifest) -> Panel:
     versions = manifest.get("versions") or {}
     target = summary.get("workload") or "?"
     if summary.get("preset"):
@@ -454,7 +455,7 @@ def distinct_rows_line(d: DistinctRowsSummary) -> str:
     return line
 
 
-def run_report(summary: RunSummary, manifest: dict[str, Any]) -> Group:
+def run_report(summary: RunSummary, manifest: RunManifest) -> Group:
     parts: list[Any] = [run_header(summary, manifest), script_text(summary), rank_table(summary),
                         tensor_table(summary), memory_text(summary)]
     policy = policy_table(summary)
@@ -472,5 +473,5 @@ def run_report(summary: RunSummary, manifest: dict[str, Any]) -> Group:
     return Group(*parts)
 
 
-def print_run(summary: RunSummary, manifest: dict[str, Any], console: Console | None = None) -> None:
+def print_run(summary: RunSummary, manifest: RunManifest, console: Console | None = None) -> None:
     (console or Console()).print(run_report(summary, manifest))

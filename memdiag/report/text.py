@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from memdiag import rundir
+from memdiag.format import rundir
 from memdiag.report.reporter import DoctorResult, PredictionResult, Refusing, RunResult, StudyResult
 
 

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from memdiag._errors import UserError
-from memdiag.collect import Run, mem_points
+from memdiag.format.reader import Run, mem_points
+from memdiag.format.records import SETUP_STEP
+from memdiag.format.rundir import HOROVOD_TIMELINE, Timeline, read_timeline, write_json
 from memdiag.report.reporter import Refusing, RunResult, StudyResult
 from memdiag.report.terminal import common_scope, short_name
-from memdiag.rundir import HOROVOD_TIMELINE, Timeline, read_timeline, write_json
-from memdiag.schema import SETUP_STEP
 
 HOROVOD_PID_BASE = 100_000  # Horovod's own pids start here, clear of the ranks' pids
 STEPS_TID, COLLECTIVES_TID = 1, 2

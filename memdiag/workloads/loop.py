@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from memdiag import rundir
 from memdiag.agentconfig import HOROVOD
 from memdiag.agreement import Agreement
 from memdiag.compat import paired
-from memdiag.schema import SETUP_STEP
+from memdiag.format import rundir
+from memdiag.format.records import SETUP_STEP
 
 
 @dataclass

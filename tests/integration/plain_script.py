@@ -12,7 +12,7 @@ import os
 import runpy
 import sys
 
-from memdiag.rundir import wait_for_timeline_writer
+from memdiag.format.rundir import wait_for_timeline_writer
 
 if __name__ == "__main__":
     script = sys.argv[1]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from memdiag.analyze.timeline import record_collectives, timeline_collectives, unshaped_ops
-from memdiag.rundir import read_timeline
+from memdiag.format.rundir import read_timeline
 from tests.helpers import ROOT, memdiag, read_json, read_records, undeclared_record_fields
 
 pytestmark = pytest.mark.mpi

@@ -35,7 +35,7 @@ def test_compare_writes_rows_growth_and_correctness(comparison):
     assert set(data["growth_bytes_per_rank"]) == set(modes)
     c = data["correctness"]
     assert c["passed"] is True and c["max_abs_diff"] is not None and c["max_rel_diff"] is not None
-    # every mode's and the verification runs' records: every field declared in memdiag.schema
+    # every mode's and the verification runs' records: every field declared in memdiag.format.records
     assert undeclared_record_fields(out) == {}
     assert c["reduction"]["passed"] is True and c["reduction"]["tensors"]
     # merged and unmerged reductions agree within the tolerance, as do the final parameters of dedup

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from memdiag.collect import RankRecords, read_rank_file
+from memdiag.format.reader import RankRecords, read_rank_file
 from memdiag.launch.mpirun import placement
 from tests.helpers import read_json, read_records
 from tests.hosts.simulated import (

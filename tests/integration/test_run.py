@@ -40,7 +40,7 @@ def test_run_writes_the_run_directory(sparse_run):
     for r in summary["ranks"]:
         assert r["peak_rss_bytes"] > 100 * 2**20 and r["hwm_bytes"] >= r["peak_rss_bytes"] * 0.99
         assert r["step_time_s"] > 0
-    # every field the ranks wrote is declared in memdiag.schema, the readers' types
+    # every field the ranks wrote is declared in memdiag.format.records, the readers' types
     assert undeclared_record_fields(out) == {}
 
 

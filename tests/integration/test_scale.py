@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from memdiag.collect import read_rank_file
+from memdiag.format.reader import read_rank_file
 from memdiag.workloads.configs import PRESETS
 from tests.helpers import memdiag, read_json
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from memdiag.agent.records import RecordWriter
 from memdiag.agent.sampler import MemorySampler
 from memdiag.agent.tracer import Tracer
+from memdiag.format.writer import RecordWriter
 
 
 def meta(op: str, name: str, part=None, sparse=False, densified=False, itemsize=4, dtype="float32") -> dict:

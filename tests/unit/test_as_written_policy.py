@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from memdiag.agent.sampler import MAX_SAMPLES_PER_STEP, MemorySampler
+from memdiag.format.layout import decimate
 from memdiag.formula import SparseGradientShape
 from memdiag.policy import decide
-from memdiag.recordformat import decimate
 
 SHAPE = SparseGradientShape(rows_per_rank=4096, row_bytes=512, index_bytes=8, dense_rows=2048)
 

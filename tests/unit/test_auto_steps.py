@@ -11,10 +11,10 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from memdiag.agent.records import RecordWriter
 from memdiag.agent.sampler import MemorySampler
 from memdiag.agent.tracer import Tracer
-from memdiag.collect import read_rank_file
+from memdiag.format.reader import read_rank_file
+from memdiag.format.writer import RecordWriter
 from tests.unit.fake_run import meta
 
 GRADIENTS = ["emb:0", "kernel:0", "bias:0", "head:0"]

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from memdiag._errors import UserError
 from memdiag.analyze.summary import summarize
-from memdiag.collect import load_run, parse_records
+from memdiag.format.reader import load_run, parse_records
 from tests.unit.fake_run import make_run
 
 
@@ -170,7 +170,7 @@ def test_a_policy_record_written_before_agreed_rows_reads_as_the_rank_own_or_the
 
 
 def test_records_of_the_current_format_are_read_as_written():
-    from memdiag.recordformat import RECORDS_FORMAT
+    from memdiag.format.layout import RECORDS_FORMAT
 
     # a format-2 rank may write a field named like format 1's: it is not converted
     records = [{"type": "start", "rank": 0, "t": 0.0, "format": RECORDS_FORMAT},
@@ -185,7 +185,7 @@ def test_a_summary_of_the_first_format_reads_with_whose_rows_named_and_an_unknow
     import pytest
 
     from memdiag._errors import UserError
-    from memdiag.rundir import SUMMARY, SUMMARY_FORMAT, read_summary
+    from memdiag.format.rundir import SUMMARY, SUMMARY_FORMAT, read_summary
 
     old = {"world_size": 2, "policy": [{"name": "a", "mode": "auto", "local_rows": 2000, "rows_per_rank": 5000},
                                        {"name": "b", "mode": "sparse", "rows_per_rank": 2000}]}
@@ -205,8 +205,8 @@ def test_a_summary_of_the_first_format_reads_with_whose_rows_named_and_an_unknow
 
 
 def test_every_line_the_writer_writes_begins_with_its_type_and_the_reader_tells_its_kind_unparsed(tmp_path):
-    from memdiag.agent.records import RecordWriter
-    from memdiag.collect import line_kind, parse_line
+    from memdiag.format.reader import line_kind, parse_line
+    from memdiag.format.writer import RecordWriter
 
     writer = RecordWriter(str(tmp_path / "rank-0.jsonl"), 0)
     writer.add({"step": 3, "type": "step", "peak_rss_bytes": 7})  # a record built with its type last

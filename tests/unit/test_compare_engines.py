@@ -17,15 +17,15 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from memdiag import rundir
-from memdiag.agent.records import RecordWriter
 from memdiag.analyze import compare as comparison
 from memdiag.analyze.engines import build_engines
 from memdiag.analyze.summary import summarize
 from memdiag.cli import main
-from memdiag.collect import load_run
+from memdiag.format import rundir
+from memdiag.format.reader import load_run
+from memdiag.format.rundir import compare_run_name, runs_of, verify_run_name
+from memdiag.format.writer import RecordWriter
 from memdiag.report.compare import print_compare
-from memdiag.rundir import compare_run_name, runs_of, verify_run_name
 from memdiag.units import format_bytes
 
 MiB = 2**20

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from memdiag.agent.records import RecordWriter
 from memdiag.analyze import compare as compare_analysis
 from memdiag.analyze.summary import summarize
 from memdiag.cli import main
-from memdiag.collect import load_run
+from memdiag.format.reader import load_run
+from memdiag.format.writer import RecordWriter
 from memdiag.formula import SparseGradientShape
 from memdiag.policy import decide
 from memdiag.report.compare import print_compare

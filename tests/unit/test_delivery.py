@@ -3,7 +3,7 @@
 import os
 
 from memdiag.agent import delivery
-from memdiag.agent.records import RecordWriter
+from memdiag.format.writer import RecordWriter
 
 
 def _hand_on(spool: delivery.Spool, run_dir, streamed_only: bool) -> list[int]:

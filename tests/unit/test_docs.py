@@ -71,8 +71,8 @@ def test_docs_and_tests_name_no_particular_machine_or_absolute_path(path):
 
 
 def test_every_record_field_the_code_declares_is_documented():
-    """memdiag.schema declares the records; docs/reference/records.md must name each type and each of its fields."""
-    from memdiag.schema import RECORD_CLASSES, RECORD_TYPES
+    """memdiag.format.records declares the records; docs/reference/records.md must name each type and each of its fields."""
+    from memdiag.format.records import RECORD_CLASSES, RECORD_TYPES
 
     rows = {}
     for line in RECORD_TABLE.read_text().splitlines():
@@ -89,7 +89,7 @@ def test_every_record_field_the_code_declares_is_documented():
 def test_every_record_type_has_a_class_and_an_undeclared_field_is_found():
     """Each record type a rank writes has its fields declared (the integration tests check the records
     real runs write against them); a field a type does not declare is reported, open types excepted."""
-    from memdiag.schema import RECORD_CLASSES, RECORD_TYPES, undeclared_fields
+    from memdiag.format.records import RECORD_CLASSES, RECORD_TYPES, undeclared_fields
 
     assert set(RECORD_CLASSES) == set(RECORD_TYPES)
     assert undeclared_fields({"type": "step", "rank": 0, "t": 1.0, "step": 2, "stpe": 3}) == {"stpe"}
@@ -212,7 +212,7 @@ def test_the_report_fields_reference_names_every_key_of_summary_json(tmp_path):
     """Every top-level key the code writes into summary.json (a run of memdiag's own record writer)
     and every key of its per-rank and per-collective entries is in docs/reference/report-fields.md."""
     from memdiag.analyze.summary import summarize
-    from memdiag.collect import load_run
+    from memdiag.format.reader import load_run
     from tests.unit.fake_run import make_run
 
     text = (ROOT / "docs" / "reference" / "report-fields.md").read_text()

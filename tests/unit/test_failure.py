@@ -22,7 +22,7 @@ def test_the_last_stall_report_wins_and_none_means_empty():
 
 def test_a_wait_that_completed_is_not_a_hang():
     from memdiag.analyze.failure import still_waiting
-    from memdiag.collect import parse_records
+    from memdiag.format.reader import parse_records
 
     wait = '{"type": "waiting", "rank": 1, "t": 12.0, "step": 2, "op": "allreduce", "name": "grad_a", "part": null, "since": 10.0}'
     done = '{"type": "collective", "rank": 1, "t": 12.5, "step": 2, "op": "allreduce", "name": "grad_a", "part": null, "bytes_in": 16, "bytes_out": 16}'
@@ -37,7 +37,7 @@ def test_a_rank_that_could_not_agree_is_the_headline_not_the_rank_that_saw_horov
     import json
 
     from memdiag.analyze.failure import diagnose
-    from memdiag.collect import load_run
+    from memdiag.format.reader import load_run
     from tests.unit.fake_run import make_run
 
     # GIVEN a run whose rank 0 failed in a collective because rank 1 gave up agreeing (its cause)

@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from memdiag.agent.records import RecordWriter
 from memdiag.agent.sampler import MemorySampler, read_rss, reset_hwm
 from memdiag.agent.tracer import Tracer
+from memdiag.format.writer import RecordWriter
 
 MiB = 1 << 20
 

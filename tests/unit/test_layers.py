@@ -18,9 +18,8 @@ PACKAGE = ROOT / "memdiag"
 # rank (densify, workloads, agent) above the analysis it uses (the warm-up's steady rule); reports,
 # the launcher and the verbs on top.
 LAYERS = [
-    "memdiag", "_errors", "compat", "units", "rounding", "formula", "policy", "schema", "recordformat", "rundir", "hosts",
+    "memdiag", "_errors", "compat", "units", "rounding", "formula", "policy", "format", "hosts",
     "ports", "agentconfig", "agreement",
-    "collect",
     "analyze",
     "graphcalls", "nativemarks", "optimizer_input", "densify", "workloads", "doctor", "agent", "tensorflow",
     "report",
@@ -78,13 +77,13 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
         target = copy / path.relative_to(PACKAGE)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(path.read_text())
-    rundir = copy / "rundir.py"
+    rundir = copy / "format" / "rundir.py"
     rundir.write_text(rundir.read_text() + "\n\ndef _late():\n    from memdiag.analyze import summary  # noqa\n")
     monkeypatch.setattr(__import__(__name__, fromlist=["x"]), "ROOT", tmp_path)
     monkeypatch.setattr(__import__(__name__, fromlist=["x"]), "PACKAGE", copy)
     # THEN the check names it
     problems = upward_imports()
-    assert len(problems) == 1 and "rundir imports memdiag.analyze " in problems[0]
+    assert len(problems) == 1 and "format imports memdiag.analyze " in problems[0]
 
 
 def test_the_architecture_doc_gives_the_same_order():

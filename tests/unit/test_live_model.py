@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from memdiag.agent.records import RecordWriter
 from memdiag.agent.sampler import MemorySampler
 from memdiag.agent.tracer import Tracer
 from memdiag.analyze.model import build_model
 from memdiag.analyze.summary import summarize
-from memdiag.collect import load_run
+from memdiag.format.reader import load_run
+from memdiag.format.writer import RecordWriter
 from memdiag.formula import SparseGradientShape
 from memdiag.policy import decide
 from tests.unit.fake_run import meta

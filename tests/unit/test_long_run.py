@@ -12,14 +12,14 @@ from unittest import mock
 
 import pytest
 
-from memdiag import recordformat
-from memdiag.agent import records as record_writer
 from memdiag.agent import tracer as tracer_module
-from memdiag.agent.records import RecordWriter
 from memdiag.agent.tracer import Tracer
 from memdiag.analyze.summary import collective_summary, rank_summary, summarize
-from memdiag.collect import CollectiveLog, RankRecords, Run, load_run, mem_points, read_rank_file
-from memdiag.recordformat import FULL_STEPS, keeps_series
+from memdiag.format import layout
+from memdiag.format import writer as record_writer
+from memdiag.format.layout import FULL_STEPS, keeps_series
+from memdiag.format.reader import CollectiveLog, RankRecords, Run, load_run, mem_points, read_rank_file
+from memdiag.format.writer import RecordWriter
 from memdiag.report.plots import rss_series
 from memdiag.report.trace import chrome_trace
 from tests.unit.fake_run import meta
@@ -128,7 +128,7 @@ def write_run(path: Path, steps: int, world_size: int = 2, kernels: list[str] = 
 def written_in_full(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the ranks write as they did before compaction: every collective in full, every series."""
     monkeypatch.setattr(record_writer, "FULL_STEPS", 10**9)
-    monkeypatch.setattr(recordformat, "keeps_series", lambda step: True)
+    monkeypatch.setattr(layout, "keeps_series", lambda step: True)
 
 
 def by_type(path: Path) -> dict[str, list[dict]]:
@@ -215,7 +215,7 @@ def test_records_written_before_aggregation_are_aggregated_and_thinned_when_read
     compact = summarize(load_run(str(write_run(tmp_path / "now", steps))))
     with monkeypatch.context() as m:
         written_in_full(m)
-        m.setattr(recordformat, "mem_aggregates", lambda *a, **k: {})  # the old mem record: samples only
+        m.setattr(layout, "mem_aggregates", lambda *a, **k: {})  # the old mem record: samples only
         old_dir = write_run(tmp_path / "old", steps)
     assert all("n" not in r for r in by_type(old_dir / "rank-0.jsonl")["mem"])
     old = load_run(str(old_dir))

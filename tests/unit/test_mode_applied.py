@@ -14,12 +14,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from memdiag.agent.records import RecordWriter
 from memdiag.agent.sampler import MemorySampler
 from memdiag.agent.tracer import Tracer
 from memdiag.analyze.mode_applied import mode_applied, recorded_reductions
 from memdiag.analyze.summary import summarize
-from memdiag.collect import load_run
+from memdiag.format.reader import load_run
+from memdiag.format.writer import RecordWriter
 from memdiag.report.terminal import script_text
 from tests.unit.fake_run import meta
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from memdiag import nativemarks
-from memdiag.agent.records import RecordWriter
 from memdiag.agent.sampler import MemorySampler
 from memdiag.agent.tracer import Tracer
+from memdiag.format.writer import RecordWriter
 from tests.helpers import read_records
 
 tf = pytest.importorskip("tensorflow")

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from memdiag.agent.records import RecordWriter
 from memdiag.agent.sampler import MemorySampler, read_rss
 from memdiag.agent.tracer import Tracer
 from memdiag.agreement import Agreement, LocalTransport
+from memdiag.format.writer import RecordWriter
 from memdiag.workloads import loop
 
 MiB = 1 << 20

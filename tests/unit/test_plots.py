@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from memdiag.collect import load_run
+from memdiag.format.reader import load_run
 from memdiag.report import plots
 from tests.helpers import memdiag
 from tests.unit.fake_run import make_run

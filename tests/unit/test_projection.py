@@ -210,7 +210,7 @@ def test_projecting_a_run_whose_steps_record_no_items_is_a_one_line_error_not_a_
     # GIVEN a two-rank run whose steps record the items they hold (a built-in workload's), or none (a script's)
     from memdiag.analyze.summary import summarize
     from memdiag.cli import main
-    from memdiag.collect import load_run
+    from memdiag.format.reader import load_run
     from tests.unit.fake_run import make_run
 
     path = make_run(tmp_path / "run", items=items)

@@ -56,7 +56,7 @@ print(json.dumps(failed))
 SUMMARISE = """
 import json, sys
 from memdiag.analyze.summary import summarize
-from memdiag.collect import load_run
+from memdiag.format.reader import load_run
 print(json.dumps(summarize(load_run(sys.argv[1])), default=str, sort_keys=True))
 """
 

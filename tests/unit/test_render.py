@@ -15,8 +15,8 @@ from memdiag.analyze.model import build_model, prediction_table
 from memdiag.analyze.projection import Network
 from memdiag.analyze.scaling import ProjectionRequest, analyze_dir
 from memdiag.analyze.summary import summarize
-from memdiag.collect import load_run
 from memdiag.doctor import Check
+from memdiag.format.reader import load_run
 from memdiag.report.attribution import attribution_section
 from memdiag.report.compare import print_compare
 from memdiag.report.doctor import print_checks
@@ -186,8 +186,8 @@ def test_compare_report_at_80_columns_keeps_every_figure(comparison):
 def test_a_comparison_written_in_the_first_format_reads_and_renders_as_the_current_one(comparison, tmp_path, capsys):
     # GIVEN a comparison's result, and the same result as compare.json's first format wrote it: no format
     # field, each row's steady peak (median over repeats) under the name summary.json gives the overall peak
-    from memdiag import rundir
     from memdiag.commands.report import load
+    from memdiag.format import rundir
     from memdiag.report import reporter
 
     result = compare_analysis.build("transformer", "base", comparison)

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from memdiag import nativemarks, rundir
+from memdiag import nativemarks
 from memdiag.agent import replay
+from memdiag.format import rundir
 from tests.helpers import read_records, undeclared_record_fields
 
 # The file's layout as memdiag/native/mark_op.cc declares it (its header comment), written here by hand.

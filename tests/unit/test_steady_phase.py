@@ -99,9 +99,9 @@ def test_a_steps_live_collective_bytes_hold_one_gathered_output_and_one_quotient
     (the larger) are alive at once; a dense output adds in full."""
     import json
 
-    from memdiag.agent.records import RecordWriter
     from memdiag.agent.sampler import MemorySampler
     from memdiag.agent.tracer import Tracer
+    from memdiag.format.writer import RecordWriter
 
     writer = RecordWriter(str(tmp_path / "rank-0.jsonl"), 0)
     tracer = Tracer(writer, MemorySampler(), 0, auto_steps=False)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from memdiag import rundir
+from memdiag.format import rundir
 from tests.helpers import memdiag, read_records
 from tests.unit.fake_run import make_run
 

@@ -175,9 +175,9 @@ def test_ports_travel_as_text_and_bad_text_is_refused():
 def test_a_strategy_collective_record_carries_its_stage_and_padding_and_horovods_does_not(tmp_path):
     import json
 
-    from memdiag.agent.records import RecordWriter
     from memdiag.agent.sampler import MemorySampler
     from memdiag.agent.tracer import Tracer
+    from memdiag.format.writer import RecordWriter
 
     writer = RecordWriter(str(tmp_path / "rank-0.jsonl"), 0)
     tracer = Tracer(writer, MemorySampler(), 0, auto_steps=False)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from memdiag.collect import load_run
+from memdiag.format.reader import load_run
+from memdiag.format.rundir import HOROVOD_TIMELINE, parse_timeline
 from memdiag.report.trace import HOROVOD_PID_BASE, chrome_trace, write_chrome_trace
-from memdiag.rundir import HOROVOD_TIMELINE, parse_timeline
 from tests.helpers import memdiag, read_records
 from tests.unit.fake_run import make_run
 

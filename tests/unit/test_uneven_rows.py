@@ -16,9 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memdiag import rundir
 from memdiag._errors import UserError
-from memdiag.agent.records import RecordWriter
 from memdiag.agent.sampler import MemorySampler
 from memdiag.agent.tracer import Tracer
 from memdiag.analyze import compare
@@ -27,7 +25,9 @@ from memdiag.analyze.model import build_model, prediction_table
 from memdiag.analyze.predicted import predicted_gathered
 from memdiag.analyze.projection import base_from_summary
 from memdiag.analyze.summary import summarize
-from memdiag.collect import load_run
+from memdiag.format import rundir
+from memdiag.format.reader import load_run
+from memdiag.format.writer import RecordWriter
 from memdiag.formula import SparseGradientShape
 from memdiag.policy import decide
 from memdiag.report.predict import notes

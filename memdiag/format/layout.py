@@ -2,8 +2,8 @@
 
 Which steps keep their RSS samples and which only their aggregates, what the aggregates are, what
 makes two collective records of one kind (so that later steps' collectives can be written as one
-``collective_calls`` record), and how a series is thinned. The writer is memdiag/agent/records.py;
-the readers are memdiag/collect.py, the analysis and the plots. docs/reference/records.md is the reference.
+``collective_calls`` record), and how a series is thinned. The writer is memdiag/format/writer.py;
+the readers are memdiag/format/reader.py, the analysis and the plots. docs/reference/records.md is the reference.
 """
 
 from __future__ import annotations

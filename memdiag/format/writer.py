@@ -4,10 +4,10 @@ Records of a step are buffered and written with one flush when the step ends, so
 killed loses at most the step it was in. Every record carries ``type``; see docs/reference/records.md.
 
 A long run stays small (docs/explanation/overhead.md): every step has its ``step`` record and a ``mem`` record
-of RSS aggregates, but only some steps keep their RSS samples (:func:`memdiag.recordformat.keeps_series`), and after the
-first :data:`memdiag.recordformat.FULL_STEPS` steps a step's collectives are written as one ``collective_calls`` record
+of RSS aggregates, but only some steps keep their RSS samples (:func:`memdiag.format.layout.keeps_series`), and after the
+first :data:`memdiag.format.layout.FULL_STEPS` steps a step's collectives are written as one ``collective_calls`` record
 (which kind, when, and the shapes when they differ from the kind's first call) rather than one
-``collective`` record each. Readers (:mod:`memdiag.collect`) expand them back into collective records.
+``collective`` record each. Readers (:mod:`memdiag.format.reader`) expand them back into collective records.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from memdiag.recordformat import FULL_STEPS, VARYING_FIELDS
+from memdiag.format.layout import FULL_STEPS, VARYING_FIELDS
 
 
 class RecordWriter:

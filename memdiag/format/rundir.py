@@ -15,7 +15,7 @@ Three kinds of directory, each named by the file that makes it what it is:
 
 JSON results are written atomically (a temporary file, then a rename), so a reader never sees half a
 file and an interrupted write leaves the previous one. Records are streamed by the ranks and read by
-:mod:`memdiag.collect`; Horovod's own timeline is read here, with one recovery rule for a file left
+:mod:`memdiag.format.reader`; Horovod's own timeline is read here, with one recovery rule for a file left
 unterminated by a rank that was killed.
 """
 
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from memdiag._errors import UserError
-from memdiag.recordformat import upgrade_policy
-from memdiag.schema import Comparison, EnginesComparison, RunSummary
+from memdiag.format.layout import upgrade_policy
+from memdiag.format.results import Comparison, EnginesComparison, RunSummary
 
 RUN_MANIFEST = "run.json"
 SUMMARY = "summary.json"

@@ -7,10 +7,10 @@ Record files are read line by line, and what a long run repeats is held compactl
 takes memory for its steps, not for its collectives or RSS samples (docs/explanation/overhead.md):
 
 - collective records, written in full (``collective``) or compactly (``collective_calls``, see
-  :mod:`memdiag.agent.records`), all go into one :class:`CollectiveLog` per rank, which keeps each
+  :mod:`memdiag.format.writer`), all go into one :class:`CollectiveLog` per rank, which keeps each
   distinct kind and shape once and per call only four numbers, and gives the full records back;
 - ``mem`` records keep their samples only for the steps the ranks keep them for
-  (:func:`memdiag.agent.records.keeps_series`); every step keeps its aggregates. A run written before
+  (:func:`memdiag.format.writer.keeps_series`); every step keeps its aggregates. A run written before
   ranks aggregated their samples has them computed here, with the same rule for which samples stay.
 """
 
@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any, cast, overload
 
 from memdiag._errors import UserError
-from memdiag.recordformat import RECORDS_FORMAT, VARYING_FIELDS, SeriesPolicy, mem_aggregates, upgrade_policy
-from memdiag.rundir import MPIRUN_LOG, RANK_FILE, RANK_GLOB, RUN_MANIFEST
-from memdiag.schema import (
+from memdiag.format.layout import RECORDS_FORMAT, VARYING_FIELDS, SeriesPolicy, mem_aggregates, upgrade_policy
+from memdiag.format.manifest import RunManifest, read_manifest
+from memdiag.format.records import (
     BookkeepingRecord,
     ChoicesRecord,
     CollectiveRecord,
@@ -49,6 +49,7 @@ from memdiag.schema import (
     TerminatedRecord,
     WaitingRecord,
 )
+from memdiag.format.rundir import MPIRUN_LOG, RANK_FILE, RANK_GLOB
 
 _NO_TIME = math.nan
 _WHOLE = -1  # a record kept as it was read (fields missing or of unexpected types)
@@ -304,7 +305,7 @@ class RankRecords:
 @dataclass
 class Run:
     path: str
-    manifest: dict[str, Any]
+    manifest: RunManifest
     ranks: dict[int, RankRecords]
     warnings: list[str] = field(default_factory=list)
     log: str = ""
@@ -366,7 +367,7 @@ def parse_records(lines: Iterable[bytes] | Iterable[str], rank: int) -> RankReco
         "terminated": result.terminated, "replayed": result.replayed,
     }
     memory = _MemoryRecords(result.memory)
-    version = 1  # the records' format, until the start record says (memdiag.recordformat.RECORDS_FORMAT)
+    version = 1  # the records' format, until the start record says (memdiag.format.layout.RECORDS_FORMAT)
     for raw in lines:
         if isinstance(raw, bytes):
             try:
@@ -425,7 +426,7 @@ def bookkeeping_warnings(records: RankRecords) -> list[str]:
     return lines
 
 
-_TYPE_FIRST = b'{"type":"'  # how every record line begins (memdiag.agent.records writes the type first)
+_TYPE_FIRST = b'{"type":"'  # how every record line begins (memdiag.format.writer writes the type first)
 
 
 def line_kind(line: bytes) -> str | None:
@@ -454,15 +455,7 @@ def read_rank_file(path: str, rank: int) -> RankRecords:
 def load_run(path: str) -> Run:
     if not os.path.isdir(path):
         raise UserError(f"{path} is not a directory; give the run directory that `memdiag run` wrote")
-    manifest_path = os.path.join(path, RUN_MANIFEST)
-    if not os.path.exists(manifest_path):
-        raise UserError(f"{path} is not a memdiag run (no {RUN_MANIFEST}); give a directory written by `memdiag run`")
-    try:
-        with open(manifest_path, encoding="utf-8") as f:
-            manifest = json.load(f)
-    except (ValueError, UnicodeDecodeError):
-        raise UserError(f"{manifest_path} is not valid JSON; the run directory is damaged") from None
-    run = Run(path, manifest, {})
+    run = Run(path, read_manifest(path), {})
     for file in sorted(glob.glob(os.path.join(path, RANK_GLOB))):
         match = RANK_FILE.search(file)
         if not match:
@@ -480,7 +473,7 @@ def load_run(path: str) -> Run:
     if os.path.exists(log):
         with open(log, encoding="utf-8", errors="replace") as f:
             run.log = f.read()
-    expected = manifest.get("world_size")
+    expected = run.manifest.get("world_size")
     if isinstance(expected, int):
         missing = [r for r in range(expected) if r not in run.ranks]
         if missing:
