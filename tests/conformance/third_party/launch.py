@@ -6,9 +6,10 @@ Usage (one process per rank)::
 
 The scripts are not Horovod's own: they come from other projects' repositories (see each folder's
 SOURCES.md) and all have embedding tables, whose gradients TensorFlow hands to Horovod as
-``tf.IndexedSlices``. As ``tests/conformance/launch.py`` does for Horovod's examples (whose helpers this
-wrapper uses: run directory, HOME, step caps, TF1 names), only the process around the script changes; the
-script's file is never read or rewritten and runs with ``runpy`` as ``__main__``.
+``tf.IndexedSlices`` (but in ``horovod_criteo_deepctr.py``, whose own regulariser makes them dense). As
+``tests/conformance/launch.py`` does for Horovod's examples (whose helpers this wrapper uses: run directory,
+HOME, step caps, TF1 names), only the process around the script changes; the script's file is never read or
+rewritten and runs with ``runpy`` as ``__main__``.
 
 What each script gets (``SCRIPTS`` below):
 
@@ -32,6 +33,16 @@ What each script gets (``SCRIPTS`` below):
       text8 zip of tests/conformance/launch.py (its first member is what the script reads).
     - TF1 names (``import tensorflow`` gives ``tensorflow.compat.v1`` after ``disable_v2_behavior()``), and
       the step cap by counting the session's training runs.
+
+* ``horovod_criteo_deepctr.py`` (4paradigm/OpenEmbedding; Keras ``fit`` on a DeepFM from ``deepctr``):
+    - The file its ``--data`` names: ``train.csv`` in the run directory, a link to a seeded stand-in for
+      the Criteo CSV that OpenEmbedding's ``examples/criteo_preprocess.py`` writes (``to_csv`` with its
+      unnamed index column, ``label``, ``I1``..``I13`` scaled to [0, 1], ``C1``..``C26`` label-encoded
+      integers), CRITEO_ROWS rows with Zipf-distributed categories of CRITEO_CARDINALITIES. The script
+      sizes each ``C`` table from the data (largest id + 1).
+    - Step cap: Keras ``fit`` (tests/conformance/launch.py's ``fit`` cap: one epoch of at most K batches,
+      where the script asks for 3 epochs). Its SavedModel goes where ``--save`` says, in the run directory.
+    - ``deepctr`` and ``pandas``, installed by the ``test`` extra of pyproject.toml.
 
 K is CONFORMANCE_STEPS (default 5). The run directory, data directory and HOME are those of
 tests/conformance/launch.py (CONFORMANCE_WORKDIR, CONFORMANCE_DATA_DIR).
@@ -80,6 +91,15 @@ IMDB_WORDS = 20000  # max_features of both
 # batch's 8 x 400 token rows.
 SYNTHETIC_IMDB_LABELS = 0
 
+CRITEO_ROWS = 4096  # 2048 a rank: with --batch_size 512, 4 batches, more than the tests' 3 steps
+CRITEO_DENSE = 13  # I1..I13
+# C1..C26: the number of values each categorical column draws from (ids 0..n-1, as LabelEncoder numbers
+# them). Criteo's own range from 3 to millions; these keep the ranges' shape (a few tiny, a few wide) at a
+# size where the tables stay small: about 24700 rows in all, 64 + 1 floats a row (the script's two tables
+# of each column), 6 MiB.
+CRITEO_CARDINALITIES = (1460, 580, 2000, 1800, 300, 24, 1500, 630, 3, 1900, 1200, 2000, 1100, 27, 1700, 2000,
+                        10, 900, 400, 4, 2000, 18, 15, 1600, 105, 1400)
+
 
 @dataclass(frozen=True)
 class Spec:
@@ -88,12 +108,14 @@ class Spec:
     text8_link: str | None = None  # a link to the synthetic text8 zip, by this name, in the run directory
     sagemaker_imdb: bool = False  # SM_CHANNEL_TRAIN/TEST with the synthetic IMDB arrays, SM_MODEL_DIR
     stubs: bool = False  # stubs/ on sys.path
+    criteo_link: str | None = None  # a link to the synthetic Criteo CSV, by this name, in the run directory
     warmup_without_initial_lr: bool = False
 
 
 SCRIPTS: dict[str, Spec] = {
     "sentiment-distributed.py.txt": Spec(caps=("fit",), sagemaker_imdb=True, warmup_without_initial_lr=True),
     "tf_horovod_word2vec.py": Spec(tf1="graph", caps=("session_run",), text8_link="text8.zip", stubs=True),
+    "horovod_criteo_deepctr.py": Spec(caps=("fit",), criteo_link="train.csv"),
 }
 
 
@@ -133,6 +155,35 @@ def synthetic_imdb(data_dir: Path, n_train: int = 512, n_test: int = 32) -> Path
     return folder
 
 
+def synthetic_criteo(data_dir: Path, n_rows: int = CRITEO_ROWS) -> Path:
+    """A CSV laid out as OpenEmbedding's ``examples/criteo_preprocess.py`` writes Criteo's training data
+    (``DataFrame.to_csv(path, float_format="%.6f")``): an unnamed index column, ``label`` (0 or 1, a quarter
+    1 as in Criteo), ``I1``..``I13`` in [0, 1] (its MinMaxScaler's range), ``C1``..``C26`` integer ids below
+    CRITEO_CARDINALITIES (its LabelEncoder's ids). Seeded; each column's ids Zipf-distributed over a
+    shuffled order, so a batch repeats the frequent ones as click logs do."""
+    path = data_dir / "criteo-synthetic.csv"
+
+    def write(tmp: Path) -> None:
+        import numpy as np
+
+        rng = np.random.default_rng(2021)
+        columns = ["", "label"] + [f"I{i}" for i in range(1, CRITEO_DENSE + 1)]
+        columns += [f"C{i}" for i in range(1, len(CRITEO_CARDINALITIES) + 1)]
+        cells: list[Any] = [np.arange(n_rows), (rng.random(n_rows) < 0.25).astype(np.int64)]
+        for _ in range(CRITEO_DENSE):
+            counts = rng.geometric(rng.uniform(0.01, 0.5), size=n_rows) - 1  # Criteo's I columns are counts
+            cells.append(counts / counts.max())
+        for n in CRITEO_CARDINALITIES:
+            p = 1.0 / np.arange(1, n + 1)
+            cells.append(rng.permutation(n)[rng.choice(n, size=n_rows, p=p / p.sum())])
+        with open(tmp, "w") as f:
+            f.write(",".join(columns) + "\n")
+            for row in zip(*cells):
+                f.write(",".join(f"{v:.6f}" if isinstance(v, float) else str(v) for v in row) + "\n")
+
+    return base._atomic_write(path, write)
+
+
 def _patch_warmup_callback() -> None:
     """Let LearningRateWarmupCallback be built without initial_lr, meaning: the optimizer's rate when
     training begins (what Horovod's own on_train_begin still does when initial_lr is None)."""
@@ -169,6 +220,11 @@ def main(argv: list[str] | None = None) -> int:
         if not link.exists():
             with contextlib.suppress(FileExistsError):  # the other rank made it first
                 link.symlink_to(base.synthetic_text8(data_dir))
+    if spec.criteo_link:
+        link = run_dir / spec.criteo_link
+        if not link.exists():
+            with contextlib.suppress(FileExistsError):  # the other rank made it first
+                link.symlink_to(synthetic_criteo(data_dir))
     if spec.sagemaker_imdb:
         channel = str(synthetic_imdb(data_dir))
         os.environ.setdefault("SM_CHANNEL_TRAIN", channel)
