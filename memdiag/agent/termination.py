@@ -55,10 +55,10 @@ def end_on_termination(writer: RecordWriter, tracer_of: Callable[[], Tracer | No
 
 def _terminated(signum: int, writer: RecordWriter, tracer: Tracer | None, delivery: _delivery.Delivery | None) -> None:
     name = signal.Signals(signum).name
-    # in_flight() first: it hands the tracer the native marks not yet read (under --record-every up to
-    # that many seconds of them), so the steps they end are written and the step is the current one
-    in_flight = tracer.in_flight() if tracer is not None else None
-    step = tracer.step if tracer is not None else None
+    # freeze() hands the tracer the native marks not yet read (under --record-every up to that many
+    # seconds of them), so the steps they end are written, and keeps the main thread from ending another
+    # step before the exit: the step named is the one no record covers yet
+    step, in_flight = tracer.freeze() if tracer is not None else (None, None)
     where = f"at step {step}" if step is not None and step >= 0 else "before the first step"
     writer.write_now({"type": "terminated", "signal": name, "step": step, "in_flight": in_flight})
     writer.write_now({"type": "end", "status": "terminated", "signal": name, "step": step,

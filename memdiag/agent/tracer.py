@@ -340,6 +340,16 @@ class Tracer:
             return {"op": largest["op"], "name": largest["name"], "part": largest["part"],
                     "bytes_out": largest["bytes_out"], "others_in_flight": len(self._pending) - 1}
 
+    def freeze(self) -> tuple[int, InFlight | None]:
+        """Stop the tracer where it is, for good (the process exits next): hand it the native marks
+        not yet read, then take its lock and keep it, so that no step ends after this; return the step
+        in progress (between two steps, the next one: every step before it has its record) and the
+        collective in flight."""
+        in_flight = self.in_flight()  # drains the marks first
+        self._lock.acquire()
+        step = self.step if self._in_step or self.step < 0 else self.step + 1
+        return step, in_flight
+
     def largest_received(self, count: int = 3) -> list[Received]:
         """The largest collective outputs of the current step: buffers that may still be alive."""
         with self._lock:
