@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from memdiag.format.records import PolicyRecord
 from memdiag.formula import SparseGradientShape, padding_bytes
 from memdiag.units import format_bytes
 
@@ -126,42 +127,45 @@ class Decision:
         MultiWorkerMirroredStrategy, which pads its gathers to the longest worker's rows)."""
         return self.mode == "auto" or self.engine is not None
 
-    def as_record(self) -> dict[str, Any]:
+    def as_record(self, step: int | None = None) -> PolicyRecord:
+        """The decision as a ``policy`` record (of step ``step``, where given)."""
         shape = self.shape
-        record = {
-            "type": "policy",
-            "name": self.name,
-            "mode": self.mode,
-            "decision": self.reduction,
-            "reason": self.reason,
-            "world_size": self.world_size,
-            "script_sparse_as_dense": self.script_densifies,
-            "overridden": self.overridden,
+        record = PolicyRecord(
+            type="policy",
+            name=self.name,
+            mode=self.mode,
+            decision=self.reduction,
+            reason=self.reason,
+            world_size=self.world_size,
+            script_sparse_as_dense=self.script_densifies,
+            overridden=self.overridden,
             # unagreed, the decision's rows are this rank's own
-            "local_rows": self.local_rows if self.local_rows is not None or shape is None or self.rows_agreed
+            local_rows=self.local_rows if self.local_rows is not None or shape is None or self.rows_agreed
             else shape.rows_per_rank,
-            "local_distinct_rows": self.local_distinct_rows,
-            "gathered_bytes": self.gathered_bytes,
-            "merged_bytes": self.merged_bytes,
-            "guarded_merged_bytes": self.guarded_merged_bytes,
-            "dedup_guard": self.guard,
-            "dense_bytes": self.dense_bytes,
+            local_distinct_rows=self.local_distinct_rows,
+            gathered_bytes=self.gathered_bytes,
+            merged_bytes=self.merged_bytes,
+            guarded_merged_bytes=self.guarded_merged_bytes,
+            dedup_guard=self.guard,
+            dense_bytes=self.dense_bytes,
             # The rows the decision used, where every rank agreed on them (auto, and MultiWorkerMirroredStrategy
             # in every mode): the most of any rank. Elsewhere each rank used its own (local_rows).
-            "agreed_rows": None if shape is None or not self.rows_agreed else shape.rows_per_rank,
-            "distinct_rows": None if shape is None else shape.distinct_rows,
-            "row_bytes": None if shape is None else shape.row_bytes,
-            "index_bytes": None if shape is None else shape.index_bytes,
-            "dense_rows": None if shape is None else shape.dense_rows,
-            "row_elements": None if shape is None else shape.row_elements,
-        }
+            agreed_rows=None if shape is None or not self.rows_agreed else shape.rows_per_rank,
+            distinct_rows=None if shape is None else shape.distinct_rows,
+            row_bytes=None if shape is None else shape.row_bytes,
+            index_bytes=None if shape is None else shape.index_bytes,
+            dense_rows=None if shape is None else shape.dense_rows,
+            row_elements=None if shape is None else shape.row_elements,
+        )
         if self.dense_update_by is not None:
-            record.update({"optimizer_input": "dense", "optimizer": self.dense_update_by})
+            record["optimizer_input"], record["optimizer"] = "dense", self.dense_update_by
         if self.engine is not None:  # fields of --engine tf-distribute only: Horovod's records are unchanged
-            record.update({"engine": self.engine,
-                           "rows_per_worker": None if self.rows_per_worker is None else list(self.rows_per_worker),
-                           "rows_total": None if self.rows_per_worker is None else sum(self.rows_per_worker),
-                           "padding_bytes": self.padding_bytes})
+            record["engine"] = self.engine
+            record["rows_per_worker"] = None if self.rows_per_worker is None else list(self.rows_per_worker)
+            record["rows_total"] = None if self.rows_per_worker is None else sum(self.rows_per_worker)
+            record["padding_bytes"] = self.padding_bytes
+        if step is not None:
+            record["step"] = step
         return record
 
 

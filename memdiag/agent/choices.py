@@ -6,10 +6,11 @@ gradient reduction are called with the script's arguments: each distinct set of 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from memdiag.agent.naming import var_name
 from memdiag.densify import process_set_size
+from memdiag.format.records import ChoicesRecord
 
 
 class ScriptChoices:
@@ -25,7 +26,10 @@ class ScriptChoices:
         if key in self._seen:
             return
         self._seen.add(key)
-        self.tracer.writer.add({"type": "choices", "step": self.tracer.step, **choices})
+        # an open record (OPEN_RECORD_TYPES): the script's arguments, whatever Horovod's API takes
+        record = ChoicesRecord(type="choices", step=self.tracer.step)
+        cast("dict[str, Any]", record).update(choices)
+        self.tracer.writer.add(record)
 
     def describe(self, key: str, value: Any) -> Any:
         """A JSON value for one of the script's arguments to Horovod."""

@@ -51,6 +51,7 @@ from memdiag.agent.policy_apply import PolicyApplication, reducible
 from memdiag.agreement import AgreementError
 from memdiag.compat import paired
 from memdiag.densify import DensifyPolicy, process_set_size
+from memdiag.format.records import BookkeepingRecord
 from memdiag.policy import Decision, horovod_op_names
 
 
@@ -150,8 +151,8 @@ class CollectiveHooks(CollectiveRecords):
         recorded with its error, so that the report names it. The job goes on as if unhooked."""
         if self._first_failure(what):
             with contextlib.suppress(Exception):
-                self.tracer.writer.add({"type": "bookkeeping", "step": self.tracer.step, "what": what,
-                                        "error": f"{type(exc).__name__}: {exc}"[:400]})
+                self.tracer.writer.add(BookkeepingRecord(type="bookkeeping", step=self.tracer.step, what=what,
+                                                         error=f"{type(exc).__name__}: {exc}"[:400]))
 
     def _first_failure(self, what: str) -> bool:
         """Count a failure of ``what``: whether it is the first."""

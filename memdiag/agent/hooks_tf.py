@@ -51,6 +51,7 @@ from memdiag.agent.hooks import CollectiveHooks
 from memdiag.agent.naming import Origin, call_site, var_name
 from memdiag.agreement import UNKNOWN, Agreement
 from memdiag.densify import row_shape, sparse_shape
+from memdiag.format.records import ReductionCheckRecord
 from memdiag.formula import SparseGradientShape, padding_bytes
 from memdiag.graphcalls import host_call
 from memdiag.policy import Decision, decide
@@ -279,8 +280,8 @@ class StrategyHooks(CollectiveHooks):
         # Densified as the policy densifies (with --inject-fault sum-densified, N x the gradient).
         reduced = self._reduce_one(original, cross_device_ops, reduce_op, grad, name, True, replica_id, options,
                                    gradient, reduce_name).values
-        base = {"type": "reduction_check", "name": name, "reduce_op": reduce_name, "compression": None,
-                "engine": ENGINE}
+        base = ReductionCheckRecord(type="reduction_check", name=name, reduce_op=reduce_name, compression=None,
+                                    engine=ENGINE)
         reduction_check.compare_reduced(self.tracer, base, gathered, [(reduced, "dense")])
 
     # -- the policy -----------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from memdiag.agent.sampler import MemorySampler, read_hwm
 from memdiag.agent.tracer import Tracer
 from memdiag.agentconfig import TF_DISTRIBUTE, AgentConfig
 from memdiag.format import rundir
+from memdiag.format.records import EndRecord, KilledRecord
 from memdiag.format.writer import RecordWriter
 
 
@@ -81,8 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         tracker.__exit__(None, None, None)
     sampler.stop()
     run_peak = tracer.hwm.run_peak() if tracer is not None else read_hwm()
-    end: dict[str, Any] = {"type": "end", "status": status, "error": error, "hwm_bytes": run_peak,
-                           "sampler_cpu_s": sampler.cpu_s, **(horovod.end_fields() if horovod is not None else {})}
+    end = EndRecord(type="end", status=status, error=error, hwm_bytes=run_peak, sampler_cpu_s=sampler.cpu_s)
+    if horovod is not None:
+        horovod.add_end_fields(end)
     writer.write_now(end)
     writer.close()
     if horovod is not None:
@@ -133,9 +135,9 @@ def _memory_watchdog(limit: int, tracer: Tracer, writer: RecordWriter,
     def check(rss: int) -> None:
         if rss <= limit:
             return
-        writer.write_now({"type": "killed", "reason": "mem-limit", "step": tracer.step, "rss_bytes": rss,
-                          "limit_bytes": limit, "hwm_bytes": tracer.hwm.run_peak(), "in_flight": tracer.in_flight(),
-                          "received_this_step": tracer.largest_received()})
+        writer.write_now(KilledRecord(type="killed", reason="mem-limit", step=tracer.step, rss_bytes=rss,
+                                      limit_bytes=limit, hwm_bytes=tracer.hwm.run_peak(), in_flight=tracer.in_flight(),
+                                      received_this_step=tracer.largest_received()))
         if before_kill is not None:
             before_kill()
         os.kill(os.getpid(), signal.SIGKILL)

@@ -13,6 +13,7 @@ import numpy as np
 
 from memdiag.agent import parameters
 from memdiag.agent.parameters import ParameterCapture
+from memdiag.format.records import ParamsFinalRecord, ParamsInitialRecord
 
 
 class ParameterRecords:
@@ -43,8 +44,8 @@ class ParameterRecords:
         """Before the first update: equal between two runs only if the script seeds itself."""
         def record(values: dict[str, np.ndarray[Any, Any]]) -> None:
             def write() -> None:
-                self.tracer.writer.add({"type": "params_initial", "step": self.tracer.step,
-                                        "digest": parameters.digest(values), "variables": len(values)})
+                self.tracer.writer.add(ParamsInitialRecord(type="params_initial", step=self.tracer.step,
+                                                           digest=parameters.digest(values), variables=len(values)))
                 if self.initial_path and values:
                     parameters.save(self.initial_path, values)
 
@@ -60,8 +61,8 @@ class ParameterRecords:
                 return
             with self.tracer.own_work("read and save the final parameters"):
                 values = self.variables.final()
-                self.tracer.writer.write_now({"type": "params_final", "digest": parameters.digest(values),
-                                              "variables": len(values), "captured": len(self.variables)})
+                self.tracer.writer.write_now(ParamsFinalRecord(type="params_final", digest=parameters.digest(values),
+                                                               variables=len(values), captured=len(self.variables)))
                 if path is not None and values:
                     parameters.save(path, values)
 

@@ -22,6 +22,7 @@ import tensorflow as tf
 from memdiag.agent.naming import Labels, Origin
 from memdiag.agreement import AgreementError
 from memdiag.densify import DensifyPolicy, distinct_rows, process_set_size
+from memdiag.format.records import DistinctRowsRecord, FirstGradientRecord, NotAppliedRecord
 from memdiag.graphcalls import host_call
 
 
@@ -67,8 +68,9 @@ class PolicyApplication:
             return
         if self._first_failure(f"apply --mode {self.policy.mode} to {name}"):
             with contextlib.suppress(Exception):
-                self.tracer.writer.add({"type": "not_applied", "step": self.tracer.step, "name": name,
-                                        "mode": self.policy.mode, "error": f"{type(exc).__name__}: {exc}"[:400]})
+                self.tracer.writer.add(NotAppliedRecord(type="not_applied", step=self.tracer.step, name=name,
+                                                        mode=self.policy.mode,
+                                                        error=f"{type(exc).__name__}: {exc}"[:400]))
 
     def reduce_at_run_time(self, origin: Origin, grad: tf.IndexedSlices, var: Any, script_densifies: bool,
                            kwargs: dict[str, Any]) -> Any:
@@ -133,9 +135,9 @@ class PolicyApplication:
         def emit(indices: Any, values: Any) -> list[Any]:
             if name not in self._fingerprinted:
                 self._fingerprinted.add(name)
-                self._guard("fingerprint a gradient", lambda: self.tracer.writer.add({
-                    "type": "first_gradient", "step": self.tracer.step, "name": name, "rows": int(len(indices)),
-                    "indices_digest": _digest(indices), "values_digest": _digest(values)}))
+                self._guard("fingerprint a gradient", lambda: self.tracer.writer.add(FirstGradientRecord(
+                    type="first_gradient", step=self.tracer.step, name=name, rows=int(len(indices)),
+                    indices_digest=_digest(indices), values_digest=_digest(values))))
             return []
 
         if tf.executing_eagerly():
@@ -145,8 +147,8 @@ class PolicyApplication:
         host_call(emit, [grad.indices, grad.values], name="memdiag_first_gradient")
 
     def _emit_distinct(self, name: str, rows: int, distinct: int, merge_s: float | None) -> None:
-        self.tracer.writer.add({"type": "distinct_rows", "step": self.tracer.step, "name": name, "rows": rows,
-                                "distinct_rows": distinct, "merge_s": merge_s})
+        self.tracer.writer.add(DistinctRowsRecord(type="distinct_rows", step=self.tracer.step, name=name, rows=rows,
+                                                  distinct_rows=distinct, merge_s=merge_s))
 
 
 def reducible(arguments: dict[str, Any]) -> bool:

@@ -21,6 +21,7 @@ from memdiag.agent.workload_run import run_builtin, run_script
 from memdiag.agentconfig import AgentConfig
 from memdiag.format import rundir
 from memdiag.format.layout import RECORDS_FORMAT
+from memdiag.format.records import EndRecord, StartRecord
 from memdiag.format.writer import RecordWriter
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ class HorovodRank:
             mode=config.mode,
             margin=config.margin,
             world_size=hvd.size,
-            on_decision=lambda d: writer.add({**d.as_record(), "step": tracer.step}),
+            on_decision=lambda d: writer.add(d.as_record(step=tracer.step)),
             fault=config.fault,
             check_reduction=config.check_reduction,
             fingerprint_gradients=config.fingerprint_gradients,
@@ -88,11 +89,11 @@ class HorovodRank:
         def started() -> None:
             if hvd.rank() != rank:
                 raise RuntimeError(f"Horovod rank {hvd.rank()} differs from MPI rank {rank}")
-            writer.write_now({**_start_record(config, hvd, marks_used, sampling,
-                                              config.record_every_s if marks is not None else 0.0,
-                                              marks is not None and marks.ring_file is not None),
-                              "own_setup_rss_bytes": own_setup,
-                              "marks_ring_bytes": marks.resident_bytes if marks is not None else 0})
+            record = _start_record(config, hvd, marks_used, sampling, config.record_every_s if marks is not None else 0.0,
+                                   marks is not None and marks.ring_file is not None)
+            record["own_setup_rss_bytes"] = own_setup
+            record["marks_ring_bytes"] = marks.resident_bytes if marks is not None else 0
+            writer.write_now(record)
 
         hooks.install()
         own_setup = max(0, read_rss() - before_own_setup)
@@ -112,14 +113,12 @@ class HorovodRank:
             run_builtin(config, tracer, spool, hooks, hvd.rank(), hvd.size())
             tracer.finish()
 
-    def end_fields(self) -> dict[str, Any]:
+    def add_end_fields(self, end: EndRecord) -> None:
         """What the ``end`` record adds for this rank: memdiag's own failures, the mark ops made."""
-        fields: dict[str, Any] = {}
         if self.hooks is not None and self.hooks.failures:
-            fields["bookkeeping_failures"] = self.hooks.failure_counts()
+            end["bookkeeping_failures"] = self.hooks.failure_counts()
         if self.marks_made is not None:
-            fields["mark_ops"] = self.marks_made.ops_made
-        return fields
+            end["mark_ops"] = self.marks_made.ops_made
 
     def records_written(self) -> None:
         """Every mark is in the records now: nothing to replay."""
@@ -140,28 +139,28 @@ def import_horovod() -> Any:
 
 
 def _start_record(config: AgentConfig, hvd: Any, marks: str = "python", sampling: str = "python",
-                  record_every_s: float = 0.0, marks_file: bool = False) -> dict[str, Any]:
+                  record_every_s: float = 0.0, marks_file: bool = False) -> StartRecord:
     import horovod
     import tensorflow as tf
 
     mpi = mpi_version()
-    return {
-        "type": "start",
-        "format": RECORDS_FORMAT,
-        "size": hvd.size(),
-        "local_size": hvd.local_size(),
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "mode": config.mode,
-        "versions": {
+    return StartRecord(
+        type="start",
+        format=RECORDS_FORMAT,
+        size=hvd.size(),
+        local_size=hvd.local_size(),
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        mode=config.mode,
+        versions={
             "python": platform.python_version(),
             "tensorflow": tf.__version__,
             "horovod": horovod.__version__,
             "mpi": mpi,
         },
-        "cpu_count": os.cpu_count(),
-        "marks": marks,
-        "sampling": sampling,
-        "record_every_s": record_every_s,
-        "marks_file": marks_file,
-    }
+        cpu_count=os.cpu_count(),
+        marks=marks,
+        sampling=sampling,
+        record_every_s=record_every_s,
+        marks_file=marks_file,
+    )

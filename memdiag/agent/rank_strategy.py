@@ -19,6 +19,7 @@ from memdiag.agent.workload_run import run_builtin, run_script
 from memdiag.agentconfig import AgentConfig
 from memdiag.format import rundir
 from memdiag.format.layout import RECORDS_FORMAT
+from memdiag.format.records import StartRecord
 from memdiag.format.writer import RecordWriter
 
 
@@ -110,7 +111,7 @@ def run(config: AgentConfig, tracer: Tracer, writer: RecordWriter, rank: int, sp
         mode=config.mode,
         margin=config.margin,
         world_size=world_size_from_env,
-        on_decision=lambda d: writer.add({**d.as_record(), "step": tracer.step}),
+        on_decision=lambda d: writer.add(d.as_record(step=tracer.step)),
         initial_parameters=os.path.join(spool, rundir.INITIAL_PARAMETERS) if rank == 0 else None,
         fault=config.fault,
         check_reduction=config.check_reduction,
@@ -139,7 +140,7 @@ def run(config: AgentConfig, tracer: Tracer, writer: RecordWriter, rank: int, sp
         tracer.finish()
 
 
-def _start_record(config: AgentConfig, extended: Any, tf_config: dict[str, Any]) -> dict[str, Any]:
+def _start_record(config: AgentConfig, extended: Any, tf_config: dict[str, Any]) -> StartRecord:
     import tensorflow as tf
 
     versions: dict[str, str | None] = {"python": platform.python_version(), "tensorflow": tf.__version__}
@@ -153,20 +154,20 @@ def _start_record(config: AgentConfig, extended: Any, tf_config: dict[str, Any])
     source = tf_config.get("source")
     if source == "memdiag" and current != tf_config.get("value"):
         source = "script"  # the script wrote its own before building the strategy
-    return {
-        "type": "start",
-        "format": RECORDS_FORMAT,
-        "engine": config.engine,
-        "size": int(extended._num_workers),
-        "local_size": ranks_on_node(),
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "mode": config.mode,
-        "versions": versions,
-        "cpu_count": os.cpu_count(),
-        "tf_config": {"source": source, "value": current,
+    return StartRecord(
+        type="start",
+        format=RECORDS_FORMAT,
+        engine=config.engine,
+        size=int(extended._num_workers),
+        local_size=ranks_on_node(),
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        mode=config.mode,
+        versions=versions,
+        cpu_count=os.cpu_count(),
+        tf_config={"source": source, "value": current,
                       # who chose the ports: the launcher (one host), or each rank (--hosts: its own
                       # address, how it found it, and its port)
                       **({key: tf_config[key] for key in ("ports_by", "address", "port", "address_from")
                           if key in tf_config} if source == "memdiag" else {})},
-    }
+    )

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from memdiag.agent.choices import ScriptChoices
 from memdiag.densify import DensifyPolicy
+from memdiag.format.records import ReductionCheckRecord
 from memdiag.graphcalls import host_call
 from memdiag.rounding import gamma
 
@@ -43,11 +44,13 @@ def compare_reductions(tracer: Any, policy: DensifyPolicy, choices: ScriptChoice
     allreduce, unhooked."""
     writer = tracer.writer
     reduce_op = choices.op_name(op)
-    base = {"type": "reduction_check", "name": name, "reduce_op": reduce_op,
-            "compression": choices.describe("compression", compression)}
+    base = ReductionCheckRecord(type="reduction_check", name=name, reduce_op=reduce_op,
+                                compression=choices.describe("compression", compression))
     if reduce_op not in ("average", "sum"):
         # Horovod reduces IndexedSlices with Sum or Average only: there is no sparse path to compare.
-        writer.add({**base, "step": tracer.step, "skipped": f"op {reduce_op} has no allgather path"})
+        skipped = base.copy()
+        skipped["step"], skipped["skipped"] = tracer.step, f"op {reduce_op} has no allgather path"
+        writer.add(skipped)
         return
     kwargs: dict[str, Any] = {"op": op}
     if compression is not None:
@@ -61,7 +64,7 @@ def compare_reductions(tracer: Any, policy: DensifyPolicy, choices: ScriptChoice
     compare_reduced(tracer, base, slices, [(reduced, "dense"), (merged, "dedup")])
 
 
-def compare_reduced(tracer: Any, base: dict[str, Any], slices: tf.IndexedSlices,
+def compare_reduced(tracer: Any, base: ReductionCheckRecord, slices: tf.IndexedSlices,
                     others: Sequence[tuple[Any, str]]) -> None:
     """Record how far each dense result in ``others`` (``(tensor, against)``: dense, or dedup where
     the engine merges) differs from ``slices``, the gathered reduction of the same gradient (every
@@ -94,15 +97,17 @@ def compare_reduced(tracer: Any, base: dict[str, Any], slices: tf.IndexedSlices,
         total = np.asarray(total, "float64") / np.maximum(1 - gamma(n, unit), unit).reshape((-1,) + (1,) * (a.ndim - 1))
         diff = abs(a - b)
         scale = float(abs(a).max(initial=0.0))
-        record = {**base, "step": tracer.step, "against": against,
-                  "max_abs_diff": float(diff.max(initial=0.0)), "scale": scale,
-                  "max_rel_diff": float(diff.max(initial=0.0)) / scale if scale else 0.0,
-                  "rows_compared": int(a.shape[0])}
+        record = base.copy()
+        record["step"], record["against"], record["scale"] = tracer.step, against, scale
+        record["max_abs_diff"] = float(diff.max(initial=0.0))
+        record["max_rel_diff"] = float(diff.max(initial=0.0)) / scale if scale else 0.0
+        record["rows_compared"] = int(a.shape[0])
         outside = int(np.asarray(elsewhere))
         if outside:
             # Elements no rank looked up, yet nonzero in this reduction: no summation order explains it.
-            record.update(max_abs_diff=float("inf"), max_rel_diff=float("inf"), nonzero_elsewhere=outside)
-        if against == "dedup" or record["compression"] in (None, "NoneCompressor"):
+            record["max_abs_diff"] = record["max_rel_diff"] = float("inf")
+            record["nonzero_elsewhere"] = outside
+        if against == "dedup" or record.get("compression") in (None, "NoneCompressor"):
             record["rounding_bound_ratio"] = (float("inf") if outside else
                                               rounding_bound_ratio(diff, a, n, total, unit))
             record["terms_max"] = int(n.max(initial=0))

@@ -35,6 +35,7 @@ from typing_extensions import TypeAlias
 from memdiag.agent.sampler import HighWaterMark, MemorySampler
 from memdiag.format import rundir
 from memdiag.format.reader import read_rank_file
+from memdiag.format.records import CollectiveRecord, ReplayedRecord
 from memdiag.nativemarks import BEGIN, RSS, read_ring_file, shape
 
 
@@ -126,10 +127,10 @@ def remove_files(spool: str, rank: int) -> None:
             os.remove(os.path.join(spool, name))
 
 
-def recover(run_dir: str, ranks: range) -> dict[int, dict[str, Any]]:
+def recover(run_dir: str, ranks: range) -> dict[int, ReplayedRecord]:
     """Replay the marks files the ranks of ``ranks`` left in ``run_dir`` (ranks killed outright) into
     their records, and delete the files. Returns each replayed rank's ``replayed`` record."""
-    done: dict[int, dict[str, Any]] = {}
+    done: dict[int, ReplayedRecord] = {}
     for rank in ranks:
         marks = os.path.join(run_dir, rundir.marks_file(rank))
         if not os.path.exists(marks):
@@ -137,18 +138,18 @@ def recover(run_dir: str, ranks: range) -> dict[int, dict[str, Any]]:
         try:
             record = _replay(run_dir, rank, marks)
         except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
-            record = _write_replayed(run_dir, rank, {"error": f"{type(exc).__name__}: {exc}"})
+            record = _write_replayed(run_dir, rank, ReplayedRecord(type="replayed", source=rundir.marks_file(rank),
+                                                                   error=f"{type(exc).__name__}: {exc}"))
         if record is not None:
             done[rank] = record
         remove_files(run_dir, rank)
     return done
 
 
-def _write_replayed(run_dir: str, rank: int, fields: dict[str, Any]) -> dict[str, Any]:
+def _write_replayed(run_dir: str, rank: int, record: ReplayedRecord) -> ReplayedRecord:
     from memdiag.format.writer import RecordWriter
 
     writer = RecordWriter(os.path.join(run_dir, rundir.rank_file(rank)), rank)
-    record = {"type": "replayed", "source": rundir.marks_file(rank), **fields}
     writer.write_now(record)
     writer.close()
     return record
@@ -172,7 +173,7 @@ class _Known:
         self.written_until = max((float(c["t"]) for c in calls if "t" in c), default=-math.inf)
 
 
-def _replay(run_dir: str, rank: int, marks_path: str) -> dict[str, Any] | None:
+def _replay(run_dir: str, rank: int, marks_path: str) -> ReplayedRecord | None:
     from memdiag.agent.tracer import Tracer
     from memdiag.format.writer import RecordWriter
 
@@ -197,8 +198,9 @@ def _replay(run_dir: str, rank: int, marks_path: str) -> dict[str, Any] | None:
     if overwritten and (not len(ring.records) or ring.records[0, 4] / 1e9 > since):
         # marks after the last written step were written over (more than the ring holds): the steps they
         # began cannot be told apart
-        return _write_replayed(run_dir, rank, {"from_t": since, "steps": None, "marks": 0,
-                                               "error": "the ring was written over past the last written step"})
+        return _write_replayed(run_dir, rank, ReplayedRecord(
+            type="replayed", source=rundir.marks_file(rank), from_t=since, steps=None, marks=0,
+            error="the ring was written over past the last written step"))
 
     writer = RecordWriter(rank_path, rank)
     sampler = _ReplaySampler(since)
@@ -222,8 +224,8 @@ def _replay(run_dir: str, rank: int, marks_path: str) -> dict[str, Any] | None:
     last = tracer.step - 1
     if last < first:
         return None  # no step ended after the last one written: the rank lost only the step it was in
-    return _write_replayed(run_dir, rank, {"from_t": since, "steps": [first, last], "marks": len(records),
-                                           "samples": len(samples)})
+    return _write_replayed(run_dir, rank, ReplayedRecord(type="replayed", source=rundir.marks_file(rank), from_t=since,
+                                                         steps=[first, last], marks=len(records), samples=len(samples)))
 
 
 class _ReplaySampler(MemorySampler):
@@ -282,7 +284,7 @@ class _FullRecords:
         self.writer = writer
         self.written_until = written_until
 
-    def add(self, record: dict[str, Any], key: Any = None) -> Any:
+    def add(self, record: CollectiveRecord, key: Any = None) -> Any:
         if record.get("t", math.inf) > self.written_until + 1e-6:
             self.writer.add(record)
         return key if key is not None else object()

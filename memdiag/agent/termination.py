@@ -14,6 +14,7 @@ from collections.abc import Callable
 from memdiag.agent import delivery as _delivery
 from memdiag.agent.sampler import read_hwm
 from memdiag.agent.tracer import Tracer
+from memdiag.format.records import EndRecord, TerminatedRecord
 from memdiag.format.writer import RecordWriter
 
 # How a batch system ends a job (scancel, a time limit; mpirun and memdiag agent pass it on): SIGTERM,
@@ -60,10 +61,10 @@ def _terminated(signum: int, writer: RecordWriter, tracer: Tracer | None, delive
     # step before the exit: the step named is the one no record covers yet
     step, in_flight = tracer.freeze() if tracer is not None else (None, None)
     where = f"at step {step}" if step is not None and step >= 0 else "before the first step"
-    writer.write_now({"type": "terminated", "signal": name, "step": step, "in_flight": in_flight})
-    writer.write_now({"type": "end", "status": "terminated", "signal": name, "step": step,
-                      "error": f"terminated by {name} {where}",
-                      "hwm_bytes": tracer.hwm.run_peak() if tracer is not None else read_hwm()})
+    writer.write_now(TerminatedRecord(type="terminated", signal=name, step=step, in_flight=in_flight))
+    writer.write_now(EndRecord(type="end", status="terminated", signal=name, step=step,
+                               error=f"terminated by {name} {where}",
+                               hwm_bytes=tracer.hwm.run_peak() if tracer is not None else read_hwm()))
     if delivery is not None:
         delivery.before_kill()
     sys.stdout.flush()

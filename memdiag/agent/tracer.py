@@ -31,11 +31,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 from memdiag.agent.sampler import HighWaterMark, MemorySampler
 from memdiag.format.layout import SeriesPolicy, mem_record
-from memdiag.format.records import SETUP_STEP, InFlight, Received
+from memdiag.format.records import SETUP_STEP, CollectiveRecord, InFlight, OwnWorkRecord, Received, StepRecord, WaitingRecord
 from memdiag.format.writer import CollectiveRecords, RecordWriter
 
 # Collective record fields that only some engines' hooks give (memdiag.agent.hooks_tf).
@@ -156,25 +156,33 @@ class Tracer:
             start, end = self._window
             if start is not None and not self.auto_steps:
                 end = now
-            record: dict[str, Any] = {
-                "type": "step",
-                "step": step,
-                "t_start": self._step_start,
-                "t_end": now,
-                "step_time_s": now - self._step_start,
-                "peak_rss_bytes": peak,
-                "sampled_peak_rss_bytes": sampled,
-                "hwm_bytes": self.hwm.run_peak(read=False),  # read by hwm.peak() above
-                "exact_peak": len(exact) == len(spans),
-                **phase_rises(times, rss, start, end),
-                "collective_live_peak_bytes": self._live_collective_bytes(),
-            }
+            rises = phase_rises(times, rss, start, end)
+            record = StepRecord(
+                type="step",
+                step=step,
+                t_start=self._step_start,
+                t_end=now,
+                step_time_s=now - self._step_start,
+                peak_rss_bytes=peak,
+                sampled_peak_rss_bytes=sampled,
+                hwm_bytes=self.hwm.run_peak(read=False),  # read by hwm.peak() above
+                exact_peak=len(exact) == len(spans),
+                window_start=rises["window_start"],
+                window_end=rises["window_end"],
+                compute_rise_bytes=rises["compute_rise_bytes"],
+                collective_rise_bytes=rises["collective_rise_bytes"],
+                peak_phase=rises["peak_phase"],
+                collective_live_peak_bytes=self._live_collective_bytes(),
+            )
+            # The fields the step's hooks and its caller add, by name (loss, items, param_digest, tail,
+            # warmup): declared in StepRecord, checked on real runs' records (undeclared_fields).
+            fields = cast("dict[str, Any]", record)
             if self.on_step_end:
                 # After the step's figures are taken: what the hooks allocate belongs to no step.
                 with self.own_work("on_step_end"):
                     for hook in self.on_step_end:
-                        record.update(hook(step) or {})
-            record.update({k: _finite(v) for k, v in extra.items()})
+                        fields.update(hook(step) or {})
+            fields.update({k: _finite(v) for k, v in extra.items()})
             if step >= 0:
                 self.step_peaks.append(peak)
             if times:
@@ -208,12 +216,12 @@ class Tracer:
                 sampled, times, rss = self.sampler.take_step()  # the span's samples belong to no step
                 exact = self.hwm.peak()
                 self.hwm.start()
-                self.writer.add({
-                    "type": "own_work", "what": what, "step": self.step, "within_step": self._in_step,
+                self.writer.add(OwnWorkRecord(
+                    type="own_work", what=what, step=self.step, within_step=self._in_step,
                     # the span ends with take_step's last sample: every sample the step keeps is later
-                    "t_start": t_start, "t_end": times[-1] if times else time.time(), "rss_before_bytes": before.rss[-1],
-                    "peak_rss_bytes": sampled if exact is None else max(sampled, exact), "rss_after_bytes": rss[-1],
-                })
+                    t_start=t_start, t_end=times[-1] if times else time.time(), rss_before_bytes=before.rss[-1],
+                    peak_rss_bytes=sampled if exact is None else max(sampled, exact), rss_after_bytes=rss[-1],
+                ))
 
     def finish(self) -> None:
         """End the step in progress of an auto-stepped script: its tail, which holds what the script
@@ -238,30 +246,32 @@ class Tracer:
                 if done is not None:
                     self._completed(meta, done, math.prod(shape_out) * itemsize)
                     return
-            record = {
-                "type": "collective",
-                "step": self.step,
-                "op": meta["op"],
-                "name": meta["name"],
-                "part": meta.get("part"),
-                "dtype": meta["dtype"],
-                "itemsize": itemsize,
-                "shape_in": shape_in,
-                "shape_out": shape_out,
-                "bytes_in": math.prod(shape_in) * itemsize,
-                "bytes_out": math.prod(shape_out) * itemsize,
-                "sparse": meta["sparse"],
-                "densified": meta["densified"],
-                "merged": meta.get("merged", False),
-                "grouped": meta.get("grouped", False),
-                "gradient": meta.get("gradient", False),
-                "reduce_op": meta.get("reduce_op"),
-                "process_set_size": meta.get("process_set_size"),
-            }
-            # Fields of the tf-distribute engine, absent from Horovod's records.
-            record.update({k: meta[k] for k in OPTIONAL_FIELDS if k in meta})
+            record = CollectiveRecord(
+                type="collective",
+                step=self.step,
+                op=meta["op"],
+                name=meta["name"],
+                part=meta.get("part"),
+                dtype=meta["dtype"],
+                itemsize=itemsize,
+                shape_in=shape_in,
+                shape_out=shape_out,
+                bytes_in=math.prod(shape_in) * itemsize,
+                bytes_out=math.prod(shape_out) * itemsize,
+                sparse=meta["sparse"],
+                densified=meta["densified"],
+                merged=meta.get("merged", False),
+                grouped=meta.get("grouped", False),
+                gradient=meta.get("gradient", False),
+                reduce_op=meta.get("reduce_op"),
+                process_set_size=meta.get("process_set_size"),
+            )
+            # Fields of the tf-distribute engine, absent from Horovod's records, and those the caller
+            # knows (``extra``), by name: declared in CollectiveRecord, checked on real runs' records.
+            fields = cast("dict[str, Any]", record)
+            fields.update({k: meta[k] for k in OPTIONAL_FIELDS if k in meta})
             if extra:
-                record.update(extra)
+                fields.update(extra)
             if t is not None:
                 record["t"] = t
             if known is not None:
@@ -327,7 +337,9 @@ class Tracer:
             for key, pending in self._pending.items():
                 if key not in self._reported_waits and now - pending["since"] >= after_s:
                     self._reported_waits.add(key)
-                    self.writer.add({"type": "waiting", "step": self.step, **pending})
+                    self.writer.add(WaitingRecord(type="waiting", step=self.step, op=pending["op"], name=pending["name"],
+                                                  part=pending["part"], bytes_out=pending["bytes_out"],
+                                                  since=pending["since"]))
 
     def in_flight(self) -> InFlight | None:
         """The collective this rank is inside now: of those started and not completed, the one
@@ -387,7 +399,17 @@ def quotient_bytes(meta: dict[str, Any], bytes_out: int) -> int:
     return bytes_out if meta["op"] == "allgather" and meta.get("part") == "values" and averaged else 0
 
 
-def phase_rises(times: list[float], rss: list[int], start: float | None, end: float | None) -> dict[str, Any]:
+class PhaseRises(TypedDict):
+    """What RSS rose by in a step's compute and in its collective window (fields of its step record)."""
+
+    window_start: float | None
+    window_end: float | None
+    compute_rise_bytes: int
+    collective_rise_bytes: int
+    peak_phase: str
+
+
+def phase_rises(times: list[float], rss: list[int], start: float | None, end: float | None) -> PhaseRises:
     """How much RSS rose during the step's compute and during its collective window.
 
     Allocators keep what they have been given (RSS hardly falls within a run), so a step's peak is
@@ -401,8 +423,8 @@ def phase_rises(times: list[float], rss: list[int], start: float | None, end: fl
             inside = start is not None and t >= start and (end is None or t <= end)
             rises["collectives" if inside else "compute"] += rss[i] - rss[i - 1]
     phase = max(rises, key=lambda k: rises[k]) if max(rises.values()) >= 2**20 else "held"
-    return {"window_start": start, "window_end": end, "compute_rise_bytes": rises["compute"],
-            "collective_rise_bytes": rises["collectives"], "peak_phase": phase}
+    return PhaseRises(window_start=start, window_end=end, compute_rise_bytes=rises["compute"],
+                      collective_rise_bytes=rises["collectives"], peak_phase=phase)
 
 
 def _finite(value: Any) -> Any:

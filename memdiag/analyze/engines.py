@@ -187,8 +187,8 @@ def engines_verdict(order: Sequence[str], rows: Sequence[EngineRow], results: Ma
     rows_per_worker: dict[str, list[int]] = {}
     if padded and largest is not None:
         summary = summaries[padded[0]["engine"]][(largest, "sparse")]
-        rows_per_worker = {p["name"]: list(p["rows_per_worker"]) for p in gathered_policies(summary)
-                          if p.get("rows_per_worker")}
+        rows_per_worker = {p["name"]: list(counts) for p in gathered_policies(summary)
+                          if (counts := p.get("rows_per_worker"))}
     exact: dict[str, bool] = {}
     for engine in order:
         pairs = [(r["gathered_bytes_per_rank"], r["predicted_gathered_bytes_per_rank"]) for r in rows

@@ -16,7 +16,14 @@ from memdiag.format.results import PolicySummary, RunSummary
 def gathered_policies(summary: RunSummary) -> list[PolicySummary]:
     """The policy records of the IndexedSlices gradients the run gathered, with their shapes."""
     return [p for p in summary.get("policy", []) if _rows_gathered(p, 1) is not None and p.get("decision") != "dense"
-            and p.get("row_bytes") is not None]
+            and p.get("row_bytes") is not None and p.get("index_bytes") is not None]
+
+
+def _row_and_index_bytes(policy: PolicySummary) -> tuple[int, int]:
+    """A gathered policy's bytes per row and per index (:func:`gathered_policies` keeps only those with both)."""
+    row, index = policy.get("row_bytes"), policy.get("index_bytes")
+    assert row is not None and index is not None, "gathered_policies keeps the policies with shapes"
+    return row, index
 
 
 def _rows_gathered(policy: Mapping[str, Any], world_size: int) -> int | None:
@@ -47,13 +54,13 @@ def predicted_gathered(summary: RunSummary, world_size: int) -> int | None:
             distinct = p.get("distinct_rows")
             if distinct is None:
                 return None
-            total += formula.merged_bytes(world_size, distinct, p["row_bytes"], p["index_bytes"])
+            total += formula.merged_bytes(world_size, distinct, *_row_and_index_bytes(p))
         else:
-            total += formula.gathered_bytes(1, _rows_gathered(p, world_size) or 0, p["row_bytes"], p["index_bytes"])
+            total += formula.gathered_bytes(1, _rows_gathered(p, world_size) or 0, *_row_and_index_bytes(p))
     return total
 
 
 def predicted_padding(summary: RunSummary) -> int:
     """MWMS's zero rows per worker and step from every worker's rows in the policy records."""
-    return sum(formula.padding_bytes(p["rows_per_worker"], p["row_bytes"], p["index_bytes"])
-               for p in gathered_policies(summary) if p.get("rows_per_worker"))
+    return sum(formula.padding_bytes(rows, *_row_and_index_bytes(p))
+               for p in gathered_policies(summary) if (rows := p.get("rows_per_worker")))

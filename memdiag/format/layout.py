@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from memdiag.format.records import MemAggregates, MemRecord
+
 # The layout's version, in every start record's ``format`` (none: 1). Format 1's policy records gave
 # ``rows_per_rank``, a rank's own rows or the agreed ones depending on the mode; format 2 gives
 # ``local_rows`` and ``agreed_rows`` (:func:`upgrade_policy` converts).
@@ -67,16 +69,15 @@ def in_window(t: float, start: float | None, end: float | None) -> bool:
 
 
 def mem_aggregates(times: Sequence[float], rss: Sequence[int], window_start: float | None = None,
-                   window_end: float | None = None) -> dict[str, Any]:
+                   window_end: float | None = None) -> MemAggregates:
     """A step's RSS samples reduced to what every reader needs: count, first, last, min, max (and when
     it was reached), mean, and the largest sample inside the step's collective window."""
     n = len(rss)
     if not n:
-        return {"n": 0}
+        return MemAggregates(n=0)
     top = max(range(n), key=rss.__getitem__)
-    result: dict[str, Any] = {
-        "n": n, "t_first": times[0], "rss_first": rss[0], "t_last": times[-1], "rss_last": rss[-1],
-        "rss_min": min(rss), "rss_max": rss[top], "t_max": times[top], "rss_mean": round(sum(rss) / n)}
+    result = MemAggregates(n=n, t_first=times[0], rss_first=rss[0], t_last=times[-1], rss_last=rss[-1],
+                           rss_min=min(rss), rss_max=rss[top], t_max=times[top], rss_mean=round(sum(rss) / n))
     inside = [r for t, r in zip(times, rss) if in_window(t, window_start, window_end)]
     if inside:
         result["rss_max_window"] = max(inside)
@@ -84,9 +85,9 @@ def mem_aggregates(times: Sequence[float], rss: Sequence[int], window_start: flo
 
 
 def mem_record(step: int, times: list[float], rss: list[int], window_start: float | None,
-               window_end: float | None, keep_series: bool) -> dict[str, Any]:
-    record: dict[str, Any] = {"type": "mem", "step": step,
-                              **mem_aggregates(times, rss, window_start, window_end)}
+               window_end: float | None, keep_series: bool) -> MemRecord:
+    # MemAggregates is a part of MemRecord; mypy's extra checks refuse a ** of keys that may be absent
+    record = MemRecord(type="mem", step=step, **mem_aggregates(times, rss, window_start, window_end))  # type: ignore[typeddict-item]
     if keep_series:
         record["times"], record["rss"] = times, rss
     return record

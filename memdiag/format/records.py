@@ -7,28 +7,27 @@ plain JSON objects; docs/reference/records.md is the reference for users and is 
 this module (tests/unit/test_docs.py checks that each record type documented here is documented there).
 
 Every record has ``type``, ``rank`` and ``t`` (Unix time); a field a rank did not write is absent,
-hence ``total=False`` beyond the fields every record of a type carries.
+hence ``total=False`` beyond the fields every record of a type carries. A record is made with its
+class (``StepRecord(type="step", ...)``) and handed to the writer as a :data:`Record`; the writer stamps
+``rank`` and ``t`` where the maker left them out, so those two are not required of a record being made.
 """
 
 from __future__ import annotations
 
-import sys
-from typing import Any, TypedDict
-
-if sys.version_info >= (3, 11):
-    pass
-else:  # Python 3.9 and 3.10, which TensorFlow 2.15 supports
-    pass
+from typing import Any, TypedDict, Union
 
 # The step of everything before the first training step (initial broadcasts, model building):
 # records of it carry ``"step": -1``; steps of training count from 0.
 SETUP_STEP = -1
 
 
-class _Record(TypedDict):
-    type: str
-    rank: int
+class _Stamp(TypedDict, total=False):
+    rank: int  # stamped by the writer where the record's maker left it out
     t: float
+
+
+class _Record(_Stamp):
+    type: str
 
 
 class StartRecord(_Record, total=False):
@@ -39,7 +38,7 @@ class StartRecord(_Record, total=False):
     pid: int
     mode: str
     versions: dict[str, str | None]
-    cpu_count: int
+    cpu_count: int | None  # os.cpu_count(): None where it cannot tell
     engine: str  # tf-distribute only (absent: horovod)
     tf_config: dict[str, Any]  # tf-distribute: source (memdiag/environment/script) and value
     marks: str  # how collectives inside graphs are marked: native, or python (and why not native)
@@ -81,8 +80,9 @@ class StepRecord(_Record, total=False):
     tail: bool  # a script's last step: from its first gradient reduction to the script's end
 
 
-class MemRecord(_Record, total=False):
-    step: int
+class MemAggregates(TypedDict, total=False):
+    """A step's RSS samples reduced (memdiag.format.layout.mem_aggregates): a mem record's figures."""
+
     n: int  # samples taken in the step
     t_first: float
     rss_first: int
@@ -93,6 +93,10 @@ class MemRecord(_Record, total=False):
     t_max: float  # when rss_max was first seen
     rss_mean: float
     rss_max_window: int  # the largest sample inside the step's collective window
+
+
+class MemRecord(_Record, MemAggregates, total=False):
+    step: int
     times: list[float]  # the samples themselves, on the steps that keep them (docs/reference/records.md)
     rss: list[int]
 
@@ -139,14 +143,14 @@ class ParamsInitialRecord(_Record, total=False):
     """A digest of the trainable variables before the first update."""
 
     step: int
-    digest: str
+    digest: str | None  # None: no variable could be read
     variables: int  # how many were read
 
 
 class ParamsFinalRecord(_Record, total=False):
     """A digest of the same variables at the script's end."""
 
-    digest: str
+    digest: str | None  # None: no variable could be read
     variables: int  # how many were read
     captured: int  # how many the hooks saw
 
@@ -180,19 +184,20 @@ class PolicyFields(TypedDict, total=False):
     merged_bytes: int | None
     guarded_merged_bytes: int | None
     dedup_guard: float
-    dense_bytes: int
-    row_bytes: int
-    index_bytes: int
-    dense_rows: int
-    row_elements: int
+    # the gradient's shape: None where it was not known when it decided (a table of unknown size)
+    dense_bytes: int | None
+    row_bytes: int | None
+    index_bytes: int | None
+    dense_rows: int | None
+    row_elements: int | None
     # auto, where the optimizer took the gathered rows summed into a dense gradient (memdiag.optimizer_input):
     optimizer_input: str  # "dense"
     optimizer: str  # its class, whose sparse update was measured to hold more than its dense one
     # --engine tf-distribute only (rows agreed over the workers):
     engine: str
-    rows_per_worker: list[int]
-    rows_total: int
-    padding_bytes: int
+    rows_per_worker: list[int] | None  # None: not known when it decided
+    rows_total: int | None
+    padding_bytes: int | None
 
 
 class PolicyRecord(_Record, PolicyFields, total=False):
@@ -212,7 +217,7 @@ class ReductionCheckRecord(_Record, total=False):
     name: str
     against: str  # dense or dedup: the reduction compared with the allgather
     reduce_op: str
-    compression: str
+    compression: str | None  # None: MultiWorkerMirroredStrategy, which compresses nothing
     max_abs_diff: float
     max_rel_diff: float
     scale: float
@@ -330,6 +335,12 @@ class FirstGradient(TypedDict):
     indices_digest: str | None
     values_digest: str | None
 
+
+# What a rank's writer takes (memdiag.format.writer.RecordWriter.add): a record of one of the types above.
+Record = Union[StartRecord, StepRecord, MemRecord, CollectiveRecord, CollectiveCallsRecord, PolicyRecord,
+               DistinctRowsRecord, ReductionCheckRecord, WaitingRecord, KilledRecord, TerminatedRecord, EndRecord,
+               OwnWorkRecord, ReplayedRecord, BookkeepingRecord, NotAppliedRecord, FirstGradientRecord,
+               ChoicesRecord, ParamsInitialRecord, ParamsFinalRecord]
 
 # Every record type a rank writes; those with a class above have their fields declared there.
 RECORD_TYPES = ("start", "choices", "collective", "collective_calls", "policy", "params_initial", "params_final",

@@ -17,9 +17,10 @@ import os
 import threading
 import time
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, cast
 
 from memdiag.format.layout import FULL_STEPS, VARYING_FIELDS
+from memdiag.format.records import CollectiveCallsRecord, CollectiveRecord, Record
 
 
 class RecordWriter:
@@ -35,17 +36,19 @@ class RecordWriter:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._file = os.fdopen(fd, "w", encoding="utf-8")
 
-    def add(self, record: dict[str, Any]) -> None:
-        """Queue a record; it reaches the file at the next :meth:`flush`."""
-        record.setdefault("rank", self.rank)
-        record.setdefault("t", time.time())
-        if next(iter(record)) != "type":  # the type first, always: a reader can tell a line's kind by it
-            record = {"type": record.get("type"), **record}
-        line = json.dumps(record, separators=(",", ":"), default=_jsonable)
+    def add(self, record: Record) -> None:
+        """Queue a record (made with its class in :mod:`memdiag.format.records`, which mypy checks it
+        against); it reaches the file at the next :meth:`flush`. Stamps ``rank`` and ``t`` where absent."""
+        fields = cast("dict[str, Any]", record)
+        fields.setdefault("rank", self.rank)
+        fields.setdefault("t", time.time())
+        if next(iter(fields)) != "type":  # the type first, always: a reader can tell a line's kind by it
+            fields = {"type": fields.get("type"), **fields}
+        line = json.dumps(fields, separators=(",", ":"), default=_jsonable)
         with self._lock:
             self._pending.append(line)
 
-    def write_now(self, record: dict[str, Any]) -> None:
+    def write_now(self, record: Record) -> None:
         self.add(record)
         self.flush()
 
@@ -109,14 +112,14 @@ class CollectiveRecords:
         self._shapes: list[list[Any]] = []
         writer.before_flush.append(self.flush)
 
-    def add(self, record: dict[str, Any], key: Hashable | None = None) -> Hashable:
+    def add(self, record: CollectiveRecord, key: Hashable | None = None) -> Hashable:
         """Write (or buffer) one completed collective's full record; sets its ``t`` and ``rank``.
         ``key``: the record's kind as an earlier call returned it for a record with the same fields other
         than VARYING_FIELDS (computed here when None). Returns the kind."""
         record.setdefault("rank", self.writer.rank)
         record.setdefault("t", time.time())
         if key is None:
-            key = _kind_key(record)
+            key = _kind_key(cast("dict[str, Any]", record))
         step = record.get("step")
         with self._lock:
             known = self._kinds.get(key)
@@ -163,8 +166,8 @@ class CollectiveRecords:
     def _emit(self) -> None:
         if not self._kind:
             return
-        record: dict[str, Any] = {"type": "collective_calls", "step": self._step, "t0": self._t0,
-                                  "kind": self._kind, "us": self._us}
+        record = CollectiveCallsRecord(type="collective_calls", step=cast(int, self._step), t0=self._t0,
+                                       kind=self._kind, us=self._us)
         if self._shapes:
             record["shapes"] = self._shapes
         self.writer.add(record)

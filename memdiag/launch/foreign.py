@@ -225,14 +225,12 @@ class _Rank:
         write_manifest(self.out, manifest_data)
 
     def _wait_for_manifest(self) -> None:
-        path = manifest_path(self.out)
         deadline = time.monotonic() + self.request.start_timeout_s
         while time.monotonic() < deadline:
             try:
-                with open(path, encoding="utf-8") as f:
-                    if json.load(f).get("run_id") == self.run_id:
-                        return
-            except (OSError, ValueError):
+                if read_manifest(self.out).get("run_id") == self.run_id:
+                    return
+            except UserError:  # not there yet (or not this job's): rank 0 writes it atomically
                 pass
             time.sleep(_POLL_S)
         raise UserError(f"rank 0 did not create --out {self.out} within {self.request.start_timeout_s:g} s (see "

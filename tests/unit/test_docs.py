@@ -98,6 +98,20 @@ def test_every_record_type_has_a_class_and_an_undeclared_field_is_found():
     assert undeclared_fields({"type": "nonesuch", "a": 1}) == {"type", "a"}
 
 
+def test_the_writer_takes_every_record_type_and_only_those():
+    """RecordWriter.add takes a Record, the union mypy checks every record the ranks make against: it
+    must hold each record type's class, and nothing else."""
+    import typing
+
+    from memdiag.format.records import RECORD_CLASSES, Record
+
+    assert set(typing.get_args(Record)) == set(RECORD_CLASSES.values())
+    from memdiag.format.writer import RecordWriter
+
+    for method in (RecordWriter.add, RecordWriter.write_now):
+        assert typing.get_type_hints(method)["record"] == Record
+
+
 def anchors(path: Path) -> set[str]:
     """The anchors GitHub gives a Markdown file's headings: lower case, punctuation but - and _ dropped,
     spaces as -, a repeated one numbered (-1, -2, ...); headings inside fenced code do not count."""
