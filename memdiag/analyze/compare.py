@@ -194,7 +194,7 @@ def build(target: str, preset: str | None, run_dirs: Mapping[tuple[int, str], st
         "growth_bytes_per_rank": growth(rows, "steady_peak_rss_bytes_median", fit_from),
         "collective_growth_bytes_per_rank": growth(rows, "collective_bytes_per_rank", fit_from),
         # Modelled, from the records (no RSS noise): the collective outputs alive at once per step, as
-        # summary.live_collective_bytes counts them (its docstring names the assumptions).
+        # live_bytes.live_collective_bytes counts them (its docstring names the assumptions).
         "live_growth_bytes_per_rank": growth([r for r in rows if r.get("collective_live_peak_bytes") is not None],
                                              "collective_live_peak_bytes", fit_from),
         "growth_fitted_from_world_size": fit_from,

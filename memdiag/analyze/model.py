@@ -5,7 +5,7 @@ largest rank measured (``rows_largest_rank`` of the summaries): where the ranks'
 the formula exactly; where they differ (a script whose ranks look up different numbers of ids; only
 ``auto`` agrees on rows across ranks) it is N x the largest rank's rows, an upper bound as long as no
 added rank looks up more than the largest one measured, which reports say. Rows unknown when the
-graph was traced come from the run's records (summary.gradient_rows); a gradient whose sizes no run
+graph was traced come from the run's records (rows.gradient_rows); a gradient whose sizes no run
 recorded is named, with why, in ``not_predicted``, never silently left out.
 Peak memory per rank has two regimes:
 

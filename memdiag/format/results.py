@@ -124,7 +124,7 @@ class CollectiveSummary(TypedDict):
 
 class PolicySummary(PolicyFields, total=False):
     """One IndexedSlices gradient of ``summary.json`` ``policy``: the first policy record read, and the
-    rows of every rank (memdiag.analyze.summary.gradient_rows)."""
+    rows of every rank (memdiag.analyze.rows.gradient_rows)."""
 
     own_rows_by_rank: dict[str, int] | None  # rank -> its own rows T (the most of any step)
     rows_gathered: int | None  # what every rank receives per step (Horovod: the sum of the ranks' rows)

@@ -443,7 +443,7 @@ def conclude(out: str, manifest: RunManifest, *, returncode: int | None, timed_o
     replay.recover(out, range(world_size))
     run = load_run(out)
     versions = next((r.start.get("versions") for r in run.ranks.values() if r.start), None)
-    from memdiag.analyze.summary import rank_status
+    from memdiag.analyze.rank_summary import rank_status
 
     # As summary.json says it: "killed" for a rank the memory limit ended, "died" for one that left no record why.
     statuses = {rank: rank_status(records) for rank, records in run.ranks.items()}

@@ -247,7 +247,7 @@ def replayed_line(summary: RunSummary) -> str | None:
             "no high-water mark of their own)")
 
 
-# What the live collective figure assumes (memdiag.analyze.summary._LiveStep): it is not a measurement.
+# What the live collective figure assumes (memdiag.analyze.live_bytes.LiveStep): it is not a measurement.
 LIVE_ASSUMPTION = ("every output but an allgather's alive until the update, one allgather (a grouped call's "
                    "together) and one quotient at a time")
 

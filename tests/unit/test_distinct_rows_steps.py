@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from memdiag.analyze.summary import _step_of_time
+from memdiag.analyze.rows import _step_of_time
 
 
 def test_a_count_is_placed_in_the_step_whose_span_holds_it_and_its_stamp_kept_outside_every_span():

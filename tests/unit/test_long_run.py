@@ -14,7 +14,9 @@ import pytest
 
 from memdiag.agent import tracer as tracer_module
 from memdiag.agent.tracer import Tracer
-from memdiag.analyze.summary import collective_summary, rank_summary, summarize
+from memdiag.analyze.collective_table import collective_summary
+from memdiag.analyze.rank_summary import rank_summary
+from memdiag.analyze.summary import summarize
 from memdiag.format import layout
 from memdiag.format import writer as record_writer
 from memdiag.format.layout import FULL_STEPS, keeps_series

@@ -337,7 +337,7 @@ def test_memory_settings_of_the_users_environment_are_recorded_and_named_in_both
 def test_tf_distribute_run_report_names_the_engine_and_the_padding_per_tensor_within_80_columns(tmp_path):
     from types import SimpleNamespace
 
-    from memdiag.analyze.summary import padding_summary
+    from memdiag.analyze.padding import padding_summary
 
     # Worker r gathers the table padded to 2500 rows at N=4 (rows 1000 + 500 r): values 4 x 2500 x 1024 B,
     # indices 4 x 2500 x 4 B; padding (4 x 2500 - 7000) rows x 1024 and x 4. A second tensor has equal rows.
