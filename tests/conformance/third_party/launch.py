@@ -43,6 +43,23 @@ What each script gets (``SCRIPTS`` below):
     - Step cap: Keras ``fit`` (tests/conformance/launch.py's ``fit`` cap: one epoch of at most K batches,
       where the script asks for 3 epochs). Its SavedModel goes where ``--save`` says, in the run directory.
     - ``deepctr`` and ``pandas``, installed by the ``test`` extra of pyproject.toml.
+* ``train-horovod.py`` (nshepperd/gpt-2; TF1 graph and ``Session``, ``AdamOptimizer.minimize``; its ``src/``
+  modules ``model``, ``sample``, ``encoder``, ``load_dataset`` vendored beside it, found as the README's
+  ``PYTHONPATH=src`` would, since the script's folder is first on ``sys.path``):
+    - ``tensorflow.contrib.training.HParams`` (``model.py``'s import; gone in TensorFlow 2): the stand-in
+      ``stubs/tensorflow_contrib/`` put on ``sys.path`` and registered in ``sys.modules`` as
+      ``tensorflow.contrib`` and ``tensorflow.contrib.training``, for this script only.
+    - A GPT-2 "model" where the script reads it, ``models/tiny/`` (``--model_name tiny``) in the run
+      directory: a link to a folder generated once (synthetic_gpt2_model) with ``hparams.json``
+      (GPT2_HPARAMS: 2 layers, 2 heads, 32 wide), a byte-level ``encoder.json`` (the 256 byte symbols of
+      ``encoder.bytes_to_unicode`` and ``<|endoftext|>``), a ``vocab.bpe`` with its header line and no
+      merges, and a checkpoint of the vendored ``model.py``'s variables built with those hyperparameters
+      (seeded), which the script restores when there is no ``checkpoint/<run_name>``.
+    - The text its ``--dataset`` names: ``gpt2-text.txt`` in the run directory, a link to a seeded plain
+      text (synthetic_gpt2_text) of GPT2_TEXT_BYTES.
+    - TF1 names (as for word2vec) and the step cap by counting the session's training runs; the script
+      loops until ``KeyboardInterrupt``, which the cap never raises, so it neither saves nor samples.
+    - ``fire``, ``regex`` and ``tqdm``, installed by the ``test`` extra of pyproject.toml.
 
 K is CONFORMANCE_STEPS (default 5). The run directory, data directory and HOME are those of
 tests/conformance/launch.py (CONFORMANCE_WORKDIR, CONFORMANCE_DATA_DIR).
@@ -60,6 +77,7 @@ import runpy
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,6 +109,13 @@ IMDB_WORDS = 20000  # max_features of both
 # batch's 8 x 400 token rows.
 SYNTHETIC_IMDB_LABELS = 0
 
+# GPT-2's hyperparameters for the generated model (hparams.json): 256 byte tokens and <|endoftext|>, 2 layers of
+# 2 heads, 32 wide. n_ctx stays GPT-2's 1024: the script feeds batches of 1024 tokens whatever the model's window
+# (``data_sampler.sample(1024)``) and looks up positions 0..1023 in ``wpe`` with tf.gather, which on CPU rejects
+# an index past the table ("indices[0,64] = 64 is not in [0, 64)").
+GPT2_HPARAMS = {"n_vocab": 257, "n_ctx": 1024, "n_embd": 32, "n_head": 2, "n_layer": 2}
+GPT2_TEXT_BYTES = 32768  # one chunk of about as many tokens (bytes): enough for the script's 1024-token samples
+
 CRITEO_ROWS = 4096  # 2048 a rank: with --batch_size 512, 4 batches, more than the tests' 3 steps
 CRITEO_DENSE = 13  # I1..I13
 # C1..C26: the number of values each categorical column draws from (ids 0..n-1, as LabelEncoder numbers
@@ -110,13 +135,32 @@ class Spec:
     stubs: bool = False  # stubs/ on sys.path
     criteo_link: str | None = None  # a link to the synthetic Criteo CSV, by this name, in the run directory
     warmup_without_initial_lr: bool = False
+    tf_contrib: bool = False  # stubs/tensorflow_contrib as tensorflow.contrib (needs stubs)
+    gpt2_model: str | None = None  # models/<this name> in the run directory: a link to the generated GPT-2 model
+    gpt2_text_link: str | None = None  # a link to the synthetic GPT-2 text, by this name, in the run directory
 
 
 SCRIPTS: dict[str, Spec] = {
     "sentiment-distributed.py.txt": Spec(caps=("fit",), sagemaker_imdb=True, warmup_without_initial_lr=True),
     "tf_horovod_word2vec.py": Spec(tf1="graph", caps=("session_run",), text8_link="text8.zip", stubs=True),
     "horovod_criteo_deepctr.py": Spec(caps=("fit",), criteo_link="train.csv"),
+    "train-horovod.py": Spec(tf1="graph", caps=("session_run",), stubs=True, tf_contrib=True, gpt2_model="tiny",
+                             gpt2_text_link="gpt2-text.txt"),
 }
+
+
+def _atomic_folder(folder: Path, write: Callable[[Path], None]) -> Path:
+    """``folder``, written by ``write(tmp)`` into a folder of its own and renamed into place unless the other
+    rank's is there first (the same data, seeded: then this rank's is dropped)."""
+    if not folder.exists():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = folder.with_name(f"{folder.name}.{os.getpid()}.tmp")
+        write(tmp)
+        try:
+            os.rename(tmp, folder)
+        except OSError:  # the other rank's folder is in place (the same data): keep it
+            shutil.rmtree(tmp)
+    return folder
 
 
 def synthetic_imdb(data_dir: Path, n_train: int = 512, n_test: int = 32) -> Path:
@@ -145,14 +189,7 @@ def synthetic_imdb(data_dir: Path, n_train: int = 512, n_test: int = 32) -> Path
             np.save(tmp / f"x_{name}.npy", x)
             np.save(tmp / f"y_{name}.npy", y)
 
-    if not folder.exists():
-        tmp = folder.with_name(f"{folder.name}.{os.getpid()}.tmp")
-        write(tmp)
-        try:
-            os.rename(tmp, folder)
-        except OSError:  # the other rank's folder is in place (same bytes): keep it
-            shutil.rmtree(tmp)
-    return folder
+    return _atomic_folder(folder, write)
 
 
 def synthetic_criteo(data_dir: Path, n_rows: int = CRITEO_ROWS) -> Path:
@@ -182,6 +219,87 @@ def synthetic_criteo(data_dir: Path, n_rows: int = CRITEO_ROWS) -> Path:
                 f.write(",".join(f"{v:.6f}" if isinstance(v, float) else str(v) for v in row) + "\n")
 
     return base._atomic_write(path, write)
+
+
+def synthetic_gpt2_text(data_dir: Path, n_bytes: int = GPT2_TEXT_BYTES) -> Path:
+    """A seeded plain ASCII text for GPT-2's ``--dataset``: sentences of made-up words, Zipf-distributed,
+    with capitals, commas, full stops and paragraphs, so the byte-level encoding sees the symbols of text."""
+    path = data_dir / "gpt2-synthetic.txt"
+
+    def write(tmp: Path) -> None:
+        import numpy as np
+
+        rng = np.random.default_rng(2019)
+        letters = np.array(list("etaoinshrdlucmfwypvbgkjqxz"))
+        forms = ["".join(letters[rng.integers(0, 26, size=1 + i % 9)]) for i in range(2000)]
+        p = 1.0 / np.arange(1, len(forms) + 1)
+        words = iter(rng.choice(len(forms), size=n_bytes, p=p / p.sum()).tolist())
+        text = ""
+        while len(text) < n_bytes:
+            sentence = " ".join(forms[next(words)] for _ in range(int(rng.integers(4, 16))))
+            if rng.random() < 0.3:
+                sentence = sentence.replace(" ", ", ", 1)
+            text += sentence.capitalize() + (".\n\n" if rng.random() < 0.2 else ". ")
+        tmp.write_text(text[:n_bytes], encoding="ascii")
+
+    return base._atomic_write(path, write)
+
+
+def synthetic_gpt2_model(data_dir: Path, source: Path) -> Path:
+    """A GPT-2 model folder as the script reads ``models/<model_name>`` (OpenAI's ``download_model.py`` layout, but
+    the meta graph): ``hparams.json`` (GPT2_HPARAMS); ``encoder.json``, one token a byte, numbered in the order of
+    ``encoder.bytes_to_unicode`` (as GPT-2's own vocabulary begins), then ``<|endoftext|>`` (256); ``vocab.bpe``
+    with GPT-2's header line and no merges (``encoder.get_encoder`` skips the first line, so every word stays
+    split into its bytes); and ``checkpoint`` with ``model.ckpt.*``: the variables of the vendored ``model.py``
+    (``source``) built with those hyperparameters in a graph of its own, seeded, saved by ``tf.train.Saver`` with
+    relative paths. Needs the TF1 names and the ``tensorflow.contrib`` stand-in in place (``model.py`` imports
+    both); the vendored modules are loaded under private names, so the script's own imports load them anew."""
+    folder = data_dir / "gpt2-tiny"
+
+    def load(name: str) -> Any:
+        spec = importlib.util.spec_from_file_location(f"conformance_gpt2_{name}", source / f"{name}.py")
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    def write(tmp: Path) -> None:
+        import json
+
+        import tensorflow as tf  # tensorflow.compat.v1 here (the TF1 swap)
+
+        tmp.mkdir(parents=True)
+        symbols = list(load("encoder").bytes_to_unicode().values())
+        vocabulary = {symbol: i for i, symbol in enumerate(symbols)}
+        vocabulary["<|endoftext|>"] = len(symbols)
+        assert len(vocabulary) == GPT2_HPARAMS["n_vocab"], len(vocabulary)
+        (tmp / "encoder.json").write_text(json.dumps(vocabulary), encoding="utf-8")
+        (tmp / "vocab.bpe").write_text("#version: 0.2\n", encoding="utf-8")
+        (tmp / "hparams.json").write_text(json.dumps(GPT2_HPARAMS, indent=2) + "\n")
+
+        model = load("model")
+        hparams = model.default_hparams()
+        hparams.override_from_dict(GPT2_HPARAMS)
+        with tf.Graph().as_default() as graph:
+            tf.set_random_seed(2019)
+            model.model(hparams=hparams, X=tf.placeholder(tf.int32, [1, None]))
+            variables = [v for v in tf.trainable_variables() if "model" in v.name]  # the script's train_vars
+            saver = tf.train.Saver(var_list=variables, save_relative_paths=True)
+            with tf.Session(graph=graph) as sess:
+                sess.run(tf.variables_initializer(variables))
+                saver.save(sess, str(tmp / "model.ckpt"), write_meta_graph=False)
+
+    return _atomic_folder(folder, write)
+
+
+def _register_tf_contrib() -> None:
+    """``tensorflow.contrib`` and ``tensorflow.contrib.training`` as the stand-in of stubs/ (on sys.path by then):
+    an import finds a module in ``sys.modules`` by its full name before it looks in its parent package."""
+    import tensorflow_contrib
+    import tensorflow_contrib.training
+
+    sys.modules.setdefault("tensorflow.contrib", tensorflow_contrib)
+    sys.modules.setdefault("tensorflow.contrib.training", tensorflow_contrib.training)
 
 
 def _patch_warmup_callback() -> None:
@@ -230,6 +348,11 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("SM_CHANNEL_TRAIN", channel)
         os.environ.setdefault("SM_CHANNEL_TEST", channel)
         os.environ.setdefault("SM_MODEL_DIR", str(run_dir / f"model-{base._env_rank()}"))
+    if spec.gpt2_text_link:
+        link = run_dir / spec.gpt2_text_link
+        if not link.exists():
+            with contextlib.suppress(FileExistsError):  # the other rank made it first
+                link.symlink_to(synthetic_gpt2_text(data_dir))
     if spec.stubs:
         sys.path.insert(0, str(STUBS))
 
@@ -238,6 +361,14 @@ def main(argv: list[str] | None = None) -> int:
         _patch_warmup_callback()
     if spec.tf1:
         base._swap_to_tf1(spec.tf1, False)
+    if spec.tf_contrib:  # after the imports of the swap: nothing of TensorFlow's or Horovod's own sees it
+        _register_tf_contrib()
+    if spec.gpt2_model:  # after the TF1 swap and the stand-in: the checkpoint is made with the vendored model.py
+        link = run_dir / "models" / spec.gpt2_model
+        if not link.exists():
+            link.parent.mkdir(exist_ok=True)
+            with contextlib.suppress(FileExistsError):  # the other rank made it first
+                link.symlink_to(synthetic_gpt2_model(data_dir, script.parent))
 
     sys.argv = [str(script)] + args[1:]
     sys.path.insert(0, str(script.parent))
