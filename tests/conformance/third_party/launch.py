@@ -112,7 +112,7 @@ SYNTHETIC_IMDB_LABELS = 0
 # GPT-2's hyperparameters for the generated model (hparams.json): 256 byte tokens and <|endoftext|>, 2 layers of
 # 2 heads, 32 wide. n_ctx stays GPT-2's 1024: the script feeds batches of 1024 tokens whatever the model's window
 # (``data_sampler.sample(1024)``) and looks up positions 0..1023 in ``wpe`` with tf.gather, which on CPU rejects
-# an index past the table ("indices[0,64] = 64 is not in [0, 64)").
+# an index past the table (with n_ctx 64: "InvalidArgumentError: ... indices[1,686] = 686 is not in [0, 64)").
 GPT2_HPARAMS = {"n_vocab": 257, "n_ctx": 1024, "n_embd": 32, "n_head": 2, "n_layer": 2}
 GPT2_TEXT_BYTES = 32768  # one chunk of about as many tokens (bytes): enough for the script's 1024-token samples
 
