@@ -42,6 +42,9 @@ SENTIMENT = "tests/conformance/third_party/amazon_sagemaker_examples/sentiment-d
 SENTIMENT_ROWS = 8 * 400  # --batch_size 8 reviews of 400 tokens: the embedding gradient's rows per rank and step
 WORD2VEC = "tests/conformance/third_party/machine_learning_notebooks/tf_horovod_word2vec.py"
 WORD2VEC_MOST_ROWS = 128  # its batch: 64 to 128 (max_batch_size) words a rank and step, one embedding row each
+GPT2 = "tests/conformance/third_party/gpt_2/train-horovod.py"
+GPT2_ROWS = 2 * 1024  # --batch_size 2 samples of 1024 tokens (data_sampler.sample(1024)): wpe's rows per rank and step
+GPT2_POSITIONS = 1024  # the positions those rows look up, 0 to 1023 in each sample: wpe's distinct rows
 CRITEO_CSV = "criteo-synthetic.csv"  # launch.py's synthetic_criteo, in the data directory
 MODES = ("dense", "sparse", "auto")
 MODE_RUNS = [pytest.param(entry, mode, id=f"{Path(entry['path']).stem}-{mode}")
@@ -183,6 +186,7 @@ def test_each_third_party_script_under_a_mode_is_reduced_as_the_report_names_it(
 @pytest.mark.parametrize(("path", "mode", "steps", "table", "most_rows"), [
     pytest.param(SENTIMENT, "dedup", 6, "embedding/embeddings:0", SENTIMENT_ROWS, id="sentiment-dedup"),
     pytest.param(WORD2VEC, "dense", 3, "Variable:0", WORD2VEC_MOST_ROWS, id="word2vec-dense"),
+    pytest.param(GPT2, "dense", 3, "model/wpe:0", GPT2_ROWS, id="gpt2-dense"),
 ])
 def test_each_distinct_rows_record_counts_toward_the_step_whose_rows_it_counted(path, mode, steps, table, most_rows,
                                                                               memdiag_run):
@@ -211,6 +215,10 @@ def test_each_distinct_rows_record_counts_toward_the_step_whose_rows_it_counted(
     assert sorted(own) == ["0", "1"] and max(own.values()) <= most_rows, own
     if path == SENTIMENT:  # every step has the same rows
         assert own == {"0": most_rows, "1": most_rows} and policy["rows_gathered"] == 2 * most_rows, policy
+    if path == GPT2:  # every step looks up each of the 1024 positions twice, once per sample
+        counts = {(r["rows"], r["distinct_rows"]) for rank in (0, 1) for r in read_records(run / f"rank-{rank}.jsonl")
+                  if r.get("type") == "distinct_rows" and r.get("name") == table}
+        assert counts == {(GPT2_ROWS, GPT2_POSITIONS)}, counts
 
 
 def test_the_vendored_third_party_files_are_byte_for_byte_those_their_sources_md_names():
