@@ -46,7 +46,7 @@ GPT2 = "tests/conformance/third_party/gpt_2/train-horovod.py"
 GPT2_ROWS = 2 * 1024  # --batch_size 2 samples of 1024 tokens (data_sampler.sample(1024)): wpe's rows per rank and step
 GPT2_POSITIONS = 1024  # the positions those rows look up, 0 to 1023 in each sample: wpe's distinct rows
 CRITEO_CSV = "criteo-synthetic.csv"  # launch.py's synthetic_criteo, in the data directory
-MODES = ("dense", "sparse", "auto")
+MODES = ("dense", "sparse", "dedup", "auto")
 MODE_RUNS = [pytest.param(entry, mode, id=f"{Path(entry['path']).stem}-{mode}")
              for entry in TABLE for mode in entry.get("modes", MODES)]
 
@@ -169,6 +169,9 @@ def test_each_third_party_script_under_a_mode_is_reduced_as_the_report_names_it(
         assert gathered == set() and densified == set(entry["tables"])
     elif mode == "sparse":
         assert gathered == set(entry["tables"]) and densified == set()
+    elif mode == "dedup":  # every table merged before its allgather, none gathered as it was
+        merged = {c["name"] for c in summary["collectives"] if c["merged"]}
+        assert gathered == merged == set(entry["tables"]) and densified == set()
     else:
         decisions = {p["name"]: p["decision"] for p in summary["policy"]}
         assert set(decisions) == set(entry["tables"])
