@@ -17,15 +17,17 @@ setup-tf-latest:
 demo: setup
 	TF_ENABLE_ONEDNN_OPTS=0 $(VENV)/bin/memdiag compare sparse-vs-dense transformer --preset small -n 1,2,4
 
-# The suite a developer runs: unit tests and the core integration tests (pytest 9 to 15 min on 2 cores in earlier
-# measurements, 16 min 38 s the latest with 1613 tests, plus the set-up check and lint; the goal is 12; two pytest
-# workers do not shorten it: docs/notes/performance.md).
+# The suite a developer runs: unit tests and the core integration tests, of the Horovod engine (pytest 9 to 15 min
+# on 2 cores in earlier measurements, 16 min 38 s with 1613 tests before the tf-distribute engine's integration
+# tests moved to the extended tier; the goal is 12; two pytest workers do not shorten it: docs/notes/performance.md).
 test: setup lint
-	$(PY) -m pytest -q -m "not slow and not slurm"
+	$(PY) -m pytest -q -m "not slow and not slurm and not tfdist"
 
-# The extended tier: memray attribution, every example script against plain mpirun, multi-host studies.
+# The extended tier: memray attribution, every example script against plain mpirun, multi-host studies, the
+# third-party scripts, and the tf-distribute engine's integration tests (make test-tf-latest runs those again
+# under the newest TensorFlow).
 test-slow: setup
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m "(slow or tfdist) and not slurm"
 
 lint: setup
 	$(VENV)/bin/ruff check memdiag tests probes examples
