@@ -89,7 +89,7 @@ def once(collectives: int, steps: int, evict: np.ndarray | None = None) -> tuple
             elapsed += time.perf_counter() - start
         writer.close()
         if hooks.failures:
-            raise SystemExit(f"the tracer failed: {dict(hooks.failures)}")
+            raise SystemExit(f"the tracer failed: {hooks.failures.counts()}")
         return elapsed, statistics.median(cpu[10:])
 
 

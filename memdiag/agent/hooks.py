@@ -31,7 +31,6 @@ wrappers work through its collaborators, each in a module of its own:
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import sys
 import threading
@@ -45,13 +44,13 @@ from memdiag import graphcalls, optimizer_input
 from memdiag.agent import calls, reduction_check
 from memdiag.agent.choices import ScriptChoices, describe_process_set
 from memdiag.agent.collective_records import CollectiveRecords, after
+from memdiag.agent.failures import Failures
 from memdiag.agent.naming import Labels, Origin, reduction_order, var_name
 from memdiag.agent.parameter_records import ParameterRecords
 from memdiag.agent.policy_apply import PolicyApplication, reducible
 from memdiag.agreement import AgreementError
 from memdiag.compat import paired
 from memdiag.densify import DensifyPolicy, process_set_size
-from memdiag.format.records import BookkeepingRecord
 from memdiag.policy import Decision, horovod_op_names
 
 
@@ -80,14 +79,13 @@ class CollectiveHooks(CollectiveRecords):
         self._originals: list[tuple[Any, str, Any]] = []
         self.on_init: Callable[[], None] | None = None  # called once, when the script calls hvd.init()
         # memdiag's own failures inside a hook, by what failed: counted and reported, never raised
-        self.failures: collections.Counter[str] = collections.Counter()
+        self.failures = Failures(tracer)
         self._lock: Any = threading.Lock()
         self.choices = ScriptChoices(tracer)
         self.labels = Labels(self.choices.op_name)
         # initial_parameters: where to save the parameters before the first update
-        self.parameters = ParameterRecords(tracer, initial_parameters, self._failed, self._guard)
-        self.applied = PolicyApplication(self.policy, tracer, self.labels, world_size, self._failed, self._guard,
-                                         self._first_failure)
+        self.parameters = ParameterRecords(tracer, initial_parameters, self.failures)
+        self.applied = PolicyApplication(self.policy, tracer, self.labels, world_size, self.failures)
 
     # -- installation -------------------------------------------------------------------------
     def install(self) -> None:
@@ -147,30 +145,12 @@ class CollectiveHooks(CollectiveRecords):
 
     # -- memdiag's own failures -------------------------------------------------------------------
     def _failed(self, what: str, exc: BaseException) -> None:
-        """memdiag could not do ``what`` (label, record, read a variable): counted, and the first time
-        recorded with its error, so that the report names it. The job goes on as if unhooked."""
-        if self._first_failure(what):
-            with contextlib.suppress(Exception):
-                self.tracer.writer.add(BookkeepingRecord(type="bookkeeping", step=self.tracer.step, what=what,
-                                                         error=f"{type(exc).__name__}: {exc}"[:400]))
-
-    def _first_failure(self, what: str) -> bool:
-        """Count a failure of ``what``: whether it is the first."""
-        with self._lock:
-            self.failures[what] += 1
-            return self.failures[what] == 1
+        """memdiag could not do ``what`` (label, record, read a variable): :meth:`Failures.failed`."""
+        self.failures.failed(what, exc)
 
     def _guard(self, what: str, action: Callable[[], Any]) -> Any:
-        """``action()``, or None where it fails (the failure counted)."""
-        try:
-            return action()
-        except Exception as exc:  # noqa: BLE001 - recording never raises into the user's code
-            self._failed(what, exc)
-            return None
-
-    def failure_counts(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self.failures)
+        """``action()``, or None where it fails: :meth:`Failures.guard`."""
+        return self.failures.guard(what, action)
 
     # -- the rank's calls ---------------------------------------------------------------------------
     def decide_lookups(self, tables: list[tuple[Any, Any]]) -> None:

@@ -6,12 +6,12 @@ script seeds itself. Each variable is read as :mod:`memdiag.agent.parameters` re
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from memdiag.agent import parameters
+from memdiag.agent.failures import Failures
 from memdiag.agent.parameters import ParameterCapture
 from memdiag.format.records import ParamsFinalRecord, ParamsInitialRecord
 
@@ -20,13 +20,12 @@ class ParameterRecords:
     """The trainable variables the gradient hooks saw, by name, and their records; what cannot be read
     is left out and counted, never raised."""
 
-    def __init__(self, tracer: Any, initial_path: str | None, failed: Callable[[str, BaseException], None],
-                 guard: Callable[[str, Callable[[], Any]], Any]) -> None:
+    def __init__(self, tracer: Any, initial_path: str | None, failures: Failures) -> None:
         self.tracer = tracer
         self.initial_path = initial_path  # where to save the parameters before the first update
-        self._guard = guard
+        self.failures = failures  # memdiag's own, shared with the hooks: counted, never raised
         # the trainable variables the gradient hooks saw, by name; read where they can be read
-        self.variables = ParameterCapture(failed)
+        self.variables = ParameterCapture(failures.failed)
         self.initial_recorded = False
 
     def capture(self, name: str, var: Any) -> None:
@@ -38,7 +37,7 @@ class ParameterRecords:
         """The ``params_initial`` record, once, when the first gradients have been captured."""
         if not self.initial_recorded and self.variables:
             self.initial_recorded = True
-            self._guard("read the initial parameters", self.record_initial)
+            self.failures.guard("read the initial parameters", self.record_initial)
 
     def record_initial(self) -> None:
         """Before the first update: equal between two runs only if the script seeds itself."""
@@ -49,7 +48,7 @@ class ParameterRecords:
                 if self.initial_path and values:
                     parameters.save(self.initial_path, values)
 
-            self._guard("save the initial parameters", write)
+            self.failures.guard("save the initial parameters", write)
 
         self.variables.initial(record, span=lambda: self.tracer.own_work("read and save the initial parameters"))
 
@@ -66,4 +65,4 @@ class ParameterRecords:
                 if path is not None and values:
                     parameters.save(path, values)
 
-        self._guard("save the final parameters", write)
+        self.failures.guard("save the final parameters", write)

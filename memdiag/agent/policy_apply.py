@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from memdiag.agent.failures import Failures
 from memdiag.agent.naming import Labels, Origin
 from memdiag.agreement import AgreementError
 from memdiag.densify import DensifyPolicy, distinct_rows, process_set_size
@@ -30,16 +31,12 @@ class PolicyApplication:
     """The policy's decisions carried out on the gradients, and what they cost recorded."""
 
     def __init__(self, policy: DensifyPolicy, tracer: Any, labels: Labels, world_size: Callable[[], int],
-                 failed: Callable[[str, BaseException], None], guard: Callable[[str, Callable[[], Any]], Any],
-                 first_failure: Callable[[str], bool]) -> None:
+                 failures: Failures) -> None:
         self.policy = policy
         self.tracer = tracer
         self.labels = labels
         self.world_size = world_size
-        # memdiag's own failures (memdiag.agent.hooks.CollectiveHooks): counted, never raised
-        self._failed = failed
-        self._guard = guard
-        self._first_failure = first_failure
+        self.failures = failures  # memdiag's own, shared with the hooks: counted, never raised
         self._fingerprinted: set[str] = set()  # the gradients whose first_gradient record is written
 
     def apply(self, name: str, grad: tf.IndexedSlices, var: Any, script_densifies: bool, process_set: Any,
@@ -64,9 +61,9 @@ class PolicyApplication:
     def not_applied(self, name: str, exc: BaseException) -> None:
         """memdiag could not apply its mode to the gradient ``name``: counted, and recorded once per name."""
         if self.policy.mode == "as-written":
-            self._failed(f"label {name}", exc)
+            self.failures.failed(f"label {name}", exc)
             return
-        if self._first_failure(f"apply --mode {self.policy.mode} to {name}"):
+        if self.failures.first(f"apply --mode {self.policy.mode} to {name}"):
             with contextlib.suppress(Exception):
                 self.tracer.writer.add(NotAppliedRecord(type="not_applied", step=self.tracer.step, name=name,
                                                         mode=self.policy.mode,
@@ -108,7 +105,7 @@ class PolicyApplication:
         distinct = tf.shape(merged.indices, out_type=tf.int64)[0]
 
         def emit(t: Any, u: Any, t0: Any, t1: Any) -> list[Any]:
-            self._guard("record distinct rows", lambda: self._emit_distinct(name, int(t), int(u), float(t1) - float(t0)))
+            self.failures.guard("record distinct rows", lambda: self._emit_distinct(name, int(t), int(u), float(t1) - float(t0)))
             return []
 
         with tf.control_dependencies([end]):
@@ -122,7 +119,7 @@ class PolicyApplication:
             return
 
         def emit(t: Any, u: Any) -> list[Any]:
-            self._guard("record distinct rows", lambda: self._emit_distinct(name, int(t), int(u), None))
+            self.failures.guard("record distinct rows", lambda: self._emit_distinct(name, int(t), int(u), None))
             return []
 
         host_call(emit, [tf.shape(grad.indices, out_type=tf.int64)[0], distinct_rows(grad.indices)],
@@ -135,7 +132,7 @@ class PolicyApplication:
         def emit(indices: Any, values: Any) -> list[Any]:
             if name not in self._fingerprinted:
                 self._fingerprinted.add(name)
-                self._guard("fingerprint a gradient", lambda: self.tracer.writer.add(FirstGradientRecord(
+                self.failures.guard("fingerprint a gradient", lambda: self.tracer.writer.add(FirstGradientRecord(
                     type="first_gradient", step=self.tracer.step, name=name, rows=int(len(indices)),
                     indices_digest=_digest(indices), values_digest=_digest(values))))
             return []

@@ -116,7 +116,7 @@ class HorovodRank:
     def add_end_fields(self, end: EndRecord) -> None:
         """What the ``end`` record adds for this rank: memdiag's own failures, the mark ops made."""
         if self.hooks is not None and self.hooks.failures:
-            end["bookkeeping_failures"] = self.hooks.failure_counts()
+            end["bookkeeping_failures"] = self.hooks.failures.counts()
         if self.marks_made is not None:
             end["mark_ops"] = self.marks_made.ops_made
 

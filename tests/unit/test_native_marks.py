@@ -75,7 +75,7 @@ def _trace(tmp_path: Path, name: str, native: nativemarks.Marks | None, steps: i
     if native is not None:  # every mark went through the op: a begin and an end per collective and step
         assert native._next - first == steps * 3 * 2
     writer.close()
-    assert hooks.failures == {}
+    assert hooks.failures.counts() == {}
     return read_records(tmp_path / f"{name}.jsonl")
 
 
@@ -272,7 +272,7 @@ def test_marks_lost_to_an_overwritten_ring_are_a_warning_not_silence(tmp_path):
     hooks.native = Overwritten()
     hooks.drain()
     writer.close()
-    assert hooks.failure_counts() == {"read every native mark": 1}
+    assert hooks.failures.counts() == {"read every native mark": 1}
     [record] = [r for r in read_records(tmp_path / "r.jsonl") if r["type"] == "bookkeeping"]
     assert "5 overwritten" in record["error"]
 
