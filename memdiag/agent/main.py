@@ -135,8 +135,11 @@ def _memory_watchdog(limit: int, tracer: Tracer, writer: RecordWriter,
     def check(rss: int) -> None:
         if rss <= limit:
             return
-        writer.write_now(KilledRecord(type="killed", reason="mem-limit", step=tracer.step, rss_bytes=rss,
-                                      limit_bytes=limit, hwm_bytes=tracer.hwm.run_peak(), in_flight=tracer.in_flight(),
+        # frozen first: no step ends between naming the step and the kill (between two steps, the next one
+        # is named: every step before it has its record)
+        step, in_flight = tracer.freeze()
+        writer.write_now(KilledRecord(type="killed", reason="mem-limit", step=step, rss_bytes=rss,
+                                      limit_bytes=limit, hwm_bytes=tracer.hwm.run_peak(), in_flight=in_flight,
                                       received_this_step=tracer.largest_received()))
         if before_kill is not None:
             before_kill()
