@@ -138,8 +138,7 @@ def recover(run_dir: str, ranks: range) -> dict[int, ReplayedRecord]:
         try:
             record = _replay(run_dir, rank, marks)
         except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
-            record = _write_replayed(run_dir, rank, ReplayedRecord(type="replayed", source=rundir.marks_file(rank),
-                                                                   error=f"{type(exc).__name__}: {exc}"))
+            record = _write_replayed(run_dir, rank, ReplayedRecord(type="replayed", error=f"{type(exc).__name__}: {exc}"))
         if record is not None:
             done[rank] = record
         remove_files(run_dir, rank)
@@ -147,8 +146,10 @@ def recover(run_dir: str, ranks: range) -> dict[int, ReplayedRecord]:
 
 
 def _write_replayed(run_dir: str, rank: int, record: ReplayedRecord) -> ReplayedRecord:
+    """Write ``record`` to the rank's records, with the marks file it was replayed from as its ``source``."""
     from memdiag.format.writer import RecordWriter
 
+    record["source"] = rundir.marks_file(rank)
     writer = RecordWriter(os.path.join(run_dir, rundir.rank_file(rank)), rank)
     writer.write_now(record)
     writer.close()
@@ -199,7 +200,7 @@ def _replay(run_dir: str, rank: int, marks_path: str) -> ReplayedRecord | None:
         # marks after the last written step were written over (more than the ring holds): the steps they
         # began cannot be told apart
         return _write_replayed(run_dir, rank, ReplayedRecord(
-            type="replayed", source=rundir.marks_file(rank), from_t=since, steps=None, marks=0,
+            type="replayed", from_t=since, steps=None, marks=0,
             error="the ring was written over past the last written step"))
 
     writer = RecordWriter(rank_path, rank)
@@ -224,8 +225,8 @@ def _replay(run_dir: str, rank: int, marks_path: str) -> ReplayedRecord | None:
     last = tracer.step - 1
     if last < first:
         return None  # no step ended after the last one written: the rank lost only the step it was in
-    return _write_replayed(run_dir, rank, ReplayedRecord(type="replayed", source=rundir.marks_file(rank), from_t=since,
-                                                         steps=[first, last], marks=len(records), samples=len(samples)))
+    return _write_replayed(run_dir, rank, ReplayedRecord(type="replayed", from_t=since, steps=[first, last],
+                                                         marks=len(records), samples=len(samples)))
 
 
 class _ReplaySampler(MemorySampler):
