@@ -26,6 +26,10 @@ class LiveStep:
     - a tensor is its name and its occurrence in the step: the k-th allgather of one name and part in
       a step (an unnamed one from one line of code, ``allgather@file.py:12[shape]``, called in a loop)
       is a tensor of its own, not added to the first's.
+
+    Its other bound (:attr:`all_at_once_bytes`): every gathered output and every quotient of the step
+    alive at once, as when the tensors' reductions overlap (the second gathered while the first's
+    outputs are still held). A step holds between the two; with one gathered tensor they are equal.
     """
 
     def __init__(self) -> None:
@@ -68,6 +72,12 @@ class LiveStep:
     @property
     def live_bytes(self) -> int:
         return self.other + self.added_bytes
+
+    @property
+    def all_at_once_bytes(self) -> int:
+        """The live bytes with every unit's gathered outputs and quotient alive at once (the class's
+        other bound)."""
+        return self.other + sum(u[0] for u in self.units) + sum(u[1] for u in self.units)
 
     @property
     def added_bytes(self) -> int:

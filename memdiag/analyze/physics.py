@@ -60,6 +60,14 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
     growth_within_noise = None
     if sparse_growth is not None and predicted_rss is not None and noise_bytes is not None and len(fitted) >= 2:
         growth_within_noise = abs(sparse_growth - predicted_rss) * (fitted[-1] - fitted[0]) <= noise_bytes
+    def live_per_rank(key: str, a: int, b: int) -> float | None:
+        """The live model's figure ``key`` of sparse's rows, per added rank between N=a and N=b."""
+        rows = [by_key.get((n, "sparse")) for n in (a, b)]
+        low, high = (None if row is None else row.get(key) for row in rows)
+        if not isinstance(low, (int, float)) or not isinstance(high, (int, float)):
+            return None
+        return (high - low) / (b - a)
+
     segments: list[GrowthSegment] = []
     for a, b in zip(fitted, fitted[1:]):
         low, high = peak(a, "sparse"), peak(b, "sparse")
@@ -69,7 +77,9 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
         gap = (measured - predicted_rss) * (b - a)  # what the model leaves over the segment
         segments.append({"from_world_size": a, "to_world_size": b, "measured_bytes_per_rank": measured,
                          "predicted_bytes_per_rank": predicted_rss, "unexplained_bytes_per_rank": measured - predicted_rss,
-                         "beyond_noise": None if noise_bytes is None else bool(abs(gap) > noise_bytes)})
+                         "beyond_noise": None if noise_bytes is None else bool(abs(gap) > noise_bytes),
+                         "live_bytes_per_rank": live_per_rank("collective_live_peak_bytes", a, b),
+                         "live_all_bytes_per_rank": live_per_rank("collective_live_all_peak_bytes", a, b)})
     return {
         "largest_world_size": largest,
         "cost_per_gathered_byte": k,
@@ -79,6 +89,7 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
         # between each two rank counts fitted: the growth measured against k x the formula's
         "sparse_segments": segments,
         "sparse_live_growth_bytes_per_rank": (result.get("live_growth_bytes_per_rank") or {}).get("sparse"),
+        "sparse_live_all_growth_bytes_per_rank": (result.get("live_all_growth_bytes_per_rank") or {}).get("sparse"),
         "dense_change": None if not dense_low or dense_high is None else (dense_high - dense_low) / dense_low,
         "dense_peak_bytes": dense_high if dense_high is not None else peak(largest, "dense"),
         "auto_densified": densified,

@@ -48,6 +48,7 @@ def rank_summary(records: RankRecords, live: dict[int, LiveStep] | None = None) 
             found = live.get(s["step"])
             s["collective_live_peak_bytes"] = found.live_bytes if found else 0
             s["collective_added_peak_bytes"] = found.added_bytes if found else 0
+            s["collective_live_all_peak_bytes"] = found.all_at_once_bytes if found else 0
     step_ids = {s["step"] for s in steps}
     per_op = bytes_per_op(records.collectives, step_ids)
     n = max(1, len(step_ids))

@@ -88,6 +88,7 @@ def steady_figures(steps: Sequence[StepRecord], memory: Sequence[MemRecord] | No
         "steady_peak_rss_bytes": None, "compute_peak_rss_bytes": None, "collective_peak_rss_bytes": None,
         "collective_rise_bytes": None, "compute_rise_bytes": None, "peak_phase": None,
         "collective_live_peak_bytes": None, "collective_added_peak_bytes": None,
+        "collective_live_all_peak_bytes": None,
         "tail_peak_rss_bytes": tail[-1]["peak_rss_bytes"] if tail else None}
     if not steps:
         return figures
@@ -98,6 +99,7 @@ def steady_figures(steps: Sequence[StepRecord], memory: Sequence[MemRecord] | No
     held = max(lives) if lives else None
     adds = [s["collective_added_peak_bytes"] for s in window if s.get("collective_added_peak_bytes") is not None]
     added = max(adds) if adds else None
+    alls = [s["collective_live_all_peak_bytes"] for s in window if s.get("collective_live_all_peak_bytes") is not None]
     phases = _phases(steps, window, memory or [], steady_peak)
     phases["peak_phase"] = held_phase(phases, steady_peak, added)
     return {
@@ -107,6 +109,7 @@ def steady_figures(steps: Sequence[StepRecord], memory: Sequence[MemRecord] | No
         "steady_peak_rss_bytes": steady_peak,
         "collective_live_peak_bytes": held,
         "collective_added_peak_bytes": added,
+        "collective_live_all_peak_bytes": max(alls) if alls else None,
         "tail_peak_rss_bytes": figures["tail_peak_rss_bytes"],
         **phases,
     }

@@ -72,6 +72,8 @@ class StepRecord(_Record, total=False):
     collective_live_peak_bytes: int
     # the analysis's: what the collectives add beyond the inputs they replace (gathered outputs, quotient)
     collective_added_peak_bytes: int
+    # the analysis's other bound: every gathered output and quotient of the step alive at once
+    collective_live_all_peak_bytes: int
     loss: float
     items: int
     param_digest: str

@@ -58,6 +58,8 @@ class SteadyFigures(PhaseFigures):
     steady_peak_rss_bytes: int | None
     collective_live_peak_bytes: int | None
     collective_added_peak_bytes: int | None  # of them, what adds to the step beyond the inputs they replace
+    # the live model's other bound: every gathered output and quotient of a step alive at once
+    collective_live_all_peak_bytes: int | None
     tail_peak_rss_bytes: int | None  # a script's last step, which runs on to the script's end
 
 
@@ -83,6 +85,7 @@ class RankSummary(TypedDict, total=False):
     collective_peak_rss_bytes: int | None
     collective_live_peak_bytes: int | None
     collective_added_peak_bytes: int | None
+    collective_live_all_peak_bytes: int | None
     compute_rise_bytes: int | None
     collective_rise_bytes: int | None
     peak_phase: str | None
@@ -222,6 +225,7 @@ class RunSummary(TypedDict, total=False):
     compute_peak_rss_bytes_max: int | None
     collective_peak_rss_bytes_max: int | None
     collective_live_peak_bytes_max: int | None
+    collective_live_all_peak_bytes_max: int | None
     allgather_groups: list[list[str]]
     peak_phase: str | None
     throughput_items_per_s: float | None
@@ -264,6 +268,7 @@ class CompareRow(TypedDict, total=False):
     compute_peak_rss_bytes: int | None
     collective_peak_rss_bytes: int | None
     collective_live_peak_bytes: int | None
+    collective_live_all_peak_bytes: int | None
     collective_bytes_per_rank: int
     allgather_bytes_per_rank: int
     allreduce_bytes_per_rank: int
@@ -311,6 +316,10 @@ class GrowthSegment(TypedDict):
     predicted_bytes_per_rank: float  # k x the formula's gathered bytes per added rank
     unexplained_bytes_per_rank: float  # measured - predicted
     beyond_noise: bool | None  # the gap over the segment beyond the noise figure (None: no noise figure)
+    # the live model's two bounds over the segment, per added rank (None: a run without the model's figure):
+    # one tensor's gathered outputs and quotient at a time, and every one's at once
+    live_bytes_per_rank: NotRequired[float | None]
+    live_all_bytes_per_rank: NotRequired[float | None]
 
 
 class Physics(TypedDict, total=False):
@@ -323,6 +332,7 @@ class Physics(TypedDict, total=False):
     sparse_growth_within_noise: bool | None
     sparse_segments: NotRequired[list[GrowthSegment]]
     sparse_live_growth_bytes_per_rank: float | None  # modelled: the live collective outputs
+    sparse_live_all_growth_bytes_per_rank: NotRequired[float | None]  # the same, every one alive at once
     dense_change: float | None
     dense_peak_bytes: float | None
     auto_densified: list[str]
@@ -436,6 +446,7 @@ class Comparison(TypedDict, total=False):
     growth_bytes_per_rank: dict[str, float | None]
     collective_growth_bytes_per_rank: dict[str, float | None]
     live_growth_bytes_per_rank: dict[str, float | None]
+    live_all_growth_bytes_per_rank: NotRequired[dict[str, float | None]]
     growth_fitted_from_world_size: int
     predicted_growth_bytes_per_rank: int | None
     tensors: list[GrowthTensor]

@@ -217,6 +217,8 @@ def physics_parts(p: Physics) -> list[str]:
         if p.get("sparse_live_growth_bytes_per_rank") is not None:
             part += (f"; its live collective buffers {_signed(p['sparse_live_growth_bytes_per_rank'])} (modelled "
                      f"from the records: {LIVE_ASSUMPTION})")
+            part += live_bounds_text(growth, p["sparse_live_growth_bytes_per_rank"],
+                                     p.get("sparse_live_all_growth_bytes_per_rank"))
         parts.append(part)
     if p.get("dense_peak_bytes") is not None:
         part = f"dense stays at {format_bytes(p['dense_peak_bytes'])}"
@@ -256,6 +258,20 @@ def physics_parts(p: Physics) -> list[str]:
     return parts
 
 
+def live_bounds_text(measured: float, one: float | None, every: float | None) -> str:
+    """The live model's other bound, every gathered tensor's outputs and quotient alive at once, where it
+    differs from one at a time (more than one gathered tensor), and where the measured growth lies against
+    the two (all three per added rank); "" where there is no other bound."""
+    if one is None or every is None or every <= one * 1.01 or every - one < 1:
+        return ""
+    text = f", {_signed(every)} with every gathered tensor's outputs and quotient alive at once"
+    if one <= measured <= every:
+        return text + (": the measured growth lies between the two, as when the tensors' reductions overlap "
+                       "in part")
+    return text + (": the measured growth is above both" if measured > every else
+                   ": the measured growth is below both")
+
+
 def segments_text(p: Physics) -> str:
     """Sparse's growth between each two rank counts against k x the formula, and what the model leaves:
     "unexplained" only where repeats show the gap beyond run-to-run noise; from one run, the gap and
@@ -280,6 +296,10 @@ def segments_text(p: Physics) -> str:
             clause += ", within run-to-run noise"
         else:
             clause += f" ({_signed(s['unexplained_bytes_per_rank'])} apart)"
+        one, every = s.get("live_bytes_per_rank"), s.get("live_all_bytes_per_rank")
+        bounds = live_bounds_text(s["measured_bytes_per_rank"], one, every)
+        if bounds and one is not None:
+            clause += f"; live buffers {_signed(one)} one tensor at a time" + bounds
         shown.append(clause)
     text = "Sparse growth by segment: " + "; ".join(shown) + "."
     if not repeats:

@@ -324,10 +324,16 @@ def peak_cause(top: RankSummary, attribution: dict[str, Any] | None = None) -> s
     model = (f"modelled from the records: {LIVE_ASSUMPTION}; Horovod's fusion buffer, up to "
              "HOROVOD_FUSION_THRESHOLD (128 MiB by default), is not in the model"
              + ("" if measured else ": --memray measures it"))
+    every = top.get("collective_live_all_peak_bytes")
+    if every is not None and every > held * 1.01:  # more than one gathered tensor: the model's other bound
+        held_text = (f"{format_bytes(held)} of collective outputs in all, {format_bytes(every)} if every gathered "
+                     "tensor's outputs and quotient were alive at once")
+    else:
+        held_text = f"{format_bytes(held)} of collective outputs in all"
     if top["peak_phase"] == "collectives":
         return (f"Set by the collectives (gathered buffers): the gathered outputs and quotient alive at once add "
                 f"{format_bytes(added)} to the {format_bytes(peak - added)} the step holds besides "
-                f"({format_bytes(held)} of collective outputs in all; {model}). RSS was {format_bytes(compute)} "
+                f"({held_text}; {model}). RSS was {format_bytes(compute)} "
                 f"when the first gradient reduction started; {when}.{measured}")
     return (f"Set by compute (the backward pass, activations, model); collectives held {format_bytes(held)} of "
             f"it, of which {format_bytes(added)} beyond the gradients they replace ({model}). RSS was "

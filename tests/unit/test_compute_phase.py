@@ -223,6 +223,9 @@ def test_sparse_growth_is_weighed_against_k_x_formula_and_the_noise_beside_the_m
     assert ("beyond the spread between one run's ranks); its live collective buffers +" in verdict
             and "(modelled from the records: every" in verdict)
     assert "(exact)" not in verdict
+    # one gathered tensor: the live model's two bounds are one figure, and no second one is printed
+    assert physics["sparse_live_all_growth_bytes_per_rank"] == pytest.approx(held_per_rank(reduce_op))
+    assert "alive at once" not in verdict
     # segment by segment, by hand: from N=2 (hidden under compute) to 4 the peak grows less than the model;
     # from 4 to 8, by exactly k x the formula
     two, four = (window_rss(n, "sparse", reduce_op) for n in (2, 4))
