@@ -97,6 +97,10 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
         "auto_dense_to_optimizer": handed_dense,
         "best_fixed_mode": None if not fixed else min(fixed, key=lambda m: fixed[m]),
         "lowest_peak_mode": min(every, key=lambda m: every[m]) if every else None,
+        # every mode whose peak is within the noise of the lowest (alphabetical: which of them is lowest
+        # by a margin inside the noise changes from run to run); None without a noise figure
+        "lowest_peak_modes_within_noise": None if noise_bytes is None or not every else sorted(
+            m for m, v in every.items() if v - min(every.values()) <= noise_bytes),
         "auto_vs_sparse": None if auto_peak is None or not sparse_peak else auto_peak / sparse_peak - 1,
         "auto_minus_best_bytes": None if auto_peak is None or best is None else auto_peak - best,
         "auto_vs_best_beyond_noise": beyond_noise(auto_peak, best),

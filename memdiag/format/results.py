@@ -340,6 +340,7 @@ class Physics(TypedDict, total=False):
     auto_dense_to_optimizer: list[str]  # gathered, then handed dense to the optimizer (memdiag.optimizer_input)
     best_fixed_mode: str | None
     lowest_peak_mode: str | None
+    lowest_peak_modes_within_noise: NotRequired[list[str] | None]
     auto_vs_sparse: float | None
     auto_minus_best_bytes: float | None
     auto_vs_best_beyond_noise: bool | None

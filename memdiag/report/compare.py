@@ -253,7 +253,10 @@ def physics_parts(p: Physics) -> list[str]:
                     part += (f" beyond the noise (auto weighs {weighs}"
                              + (f"; its peak was set in the {phase} phase" if phase else "") + ")")
         parts.append(part)
-    if p.get("lowest_peak_mode"):
+    level = p.get("lowest_peak_modes_within_noise") or []
+    if len(level) > 1:
+        parts.append(f"lowest peak at N={p['largest_world_size']}: {' and '.join(level)}, level within noise")
+    elif p.get("lowest_peak_mode"):
         parts.append(f"lowest peak at N={p['largest_world_size']}: {p['lowest_peak_mode']}")
     return parts
 

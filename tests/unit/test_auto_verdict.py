@@ -56,3 +56,29 @@ def test_the_tensor_entry_carries_what_auto_handed_the_optimizer():
     tensors = {t["name"]: t for t in growth_tensors(summaries)}
     assert tensors["items"]["auto_optimizer_input"] == "dense"
     assert "auto_optimizer_input" not in tensors["words"]
+
+
+def _level_result(dense: int, auto: int, sparse: int, noise: int) -> dict:
+    rows = [{"world_size": 4, "mode": m, "status": "ok", "steady_peak_rss_bytes_median": v}
+            for m, v in (("dense", dense), ("auto", auto), ("sparse", sparse))]
+    return {"rows": rows, "growth_bytes_per_rank": {}, "tensors": [], "noise_bytes": noise, "noise_source": "ranks",
+            "predicted_growth_bytes_per_rank": None}
+
+
+def test_modes_within_the_noise_of_the_lowest_peak_are_named_together_whichever_is_lower():
+    from memdiag.analyze.physics import physics
+
+    # GIVEN auto and dense 10 MiB apart at N=4, one way round and then the other, with 50 MiB of noise
+    for dense, auto in ((1000, 1010), (1010, 1000)):
+        p = physics(_level_result(dense * MiB, auto * MiB, 1300 * MiB, 50 * MiB), {})
+        # THEN both are named, in the same order either way, and sparse (300 MiB above) is not
+        assert p["lowest_peak_modes_within_noise"] == ["auto", "dense"]
+        assert p["lowest_peak_mode"] == ("dense" if dense < auto else "auto")
+        assert "lowest peak at N=4: auto and dense, level within noise" in physics_parts(p)
+    # AND beyond the noise, the lowest alone is named
+    p = physics(_level_result(1000 * MiB, 1100 * MiB, 1300 * MiB, 50 * MiB), {})
+    assert p["lowest_peak_modes_within_noise"] == ["dense"]
+    assert "lowest peak at N=4: dense" in physics_parts(p)
+    # AND without a noise figure, as before: the lowest
+    p = physics({**_level_result(1000 * MiB, 1010 * MiB, 1300 * MiB, 0), "noise_bytes": None}, {})
+    assert p["lowest_peak_modes_within_noise"] is None and "lowest peak at N=4: dense" in physics_parts(p)
