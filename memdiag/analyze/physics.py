@@ -60,6 +60,7 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
     growth_within_noise = None
     if sparse_growth is not None and predicted_rss is not None and noise_bytes is not None and len(fitted) >= 2:
         growth_within_noise = abs(sparse_growth - predicted_rss) * (fitted[-1] - fitted[0]) <= noise_bytes
+
     def live_per_rank(key: str, a: int, b: int) -> float | None:
         """The live model's figure ``key`` of sparse's rows, per added rank between N=a and N=b."""
         rows = [by_key.get((n, "sparse")) for n in (a, b)]
