@@ -163,6 +163,17 @@ class MemoryModel:
         tensors of one grouped call (``groups``) are gathered in one response: their outputs, and their
         quotients, count together.
         """
+        gathered, quotients = self._units_held(mode, world_size)
+        return max(gathered, default=0) + max(quotients, default=0)
+
+    def held_all_bytes(self, mode: str, world_size: int) -> float:
+        """The other bound of :meth:`held_bytes`: every tensor's gathered output and quotient alive at once,
+        as when the tensors' reductions overlap (memdiag.analyze.live_bytes.LiveStep.all_at_once_bytes)."""
+        gathered, quotients = self._units_held(mode, world_size)
+        return sum(gathered) + sum(quotients)
+
+    def _units_held(self, mode: str, world_size: int) -> tuple[list[int], list[int]]:
+        """Per unit (a tensor, or the tensors of one grouped call), its gathered bytes and its quotient's."""
         names = [name for name in self.tensors if self.gathers(name, mode, world_size)]
         # The allgathers of one grouped call are allocated together: a group counts as one tensor.
         units: list[list[str]] = [[n for n in group if n in names] for group in self.groups]
@@ -171,7 +182,7 @@ class MemoryModel:
         gathered = [sum(self.tensor_gathered(n, mode, world_size) for n in unit) for unit in units]
         quotients = [sum(self.tensor_gathered_values(n, mode, world_size) for n in unit if self.averages(n))
                      for unit in units]
-        return max(gathered, default=0) + max(quotients, default=0)
+        return gathered, quotients
 
     def collective_bytes(self, mode: str, world_size: int) -> int:
         """Bytes each rank receives per step, from the formula."""
@@ -202,6 +213,13 @@ class MemoryModel:
     def peak(self, mode: str, world_size: int) -> float:
         compute = self.compute_peak_of(mode)
         collective = self.collective_peak(mode, world_size)
+        return collective if compute is None else max(compute, collective)
+
+    def peak_all_at_once(self, mode: str, world_size: int) -> float:
+        """:meth:`peak` with every gathered tensor's buffers alive at once (:meth:`held_all_bytes`) on the
+        same collective base."""
+        compute = self.compute_peak_of(mode)
+        collective = self.collective_base(mode) + self.held_all_bytes(mode, world_size)
         return collective if compute is None else max(compute, collective)
 
     def regime(self, mode: str, world_size: int) -> str | None:
@@ -474,6 +492,7 @@ def prediction_table(model: MemoryModel, rank_counts: list[int], modes: list[str
     rows: list[PredictionRow] = [
             {"world_size": n, "mode": mode, "collective_bytes_per_rank": model.collective_bytes(mode, n),
              "gathered_bytes_per_rank": model.gathered_bytes(mode, n), "peak_rss_bytes": model.peak(mode, n),
+             "peak_rss_all_at_once_bytes": model.peak_all_at_once(mode, n),
              "regime": model.regime(mode, n),
              "over_budget": None if budget is None else model.peak(mode, n) > budget}
             for n in rank_counts for mode in modes]

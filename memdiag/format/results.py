@@ -474,6 +474,8 @@ class PredictionRow(TypedDict):
     collective_bytes_per_rank: int  # by the formula, from shapes known before the runs fitted
     gathered_bytes_per_rank: int
     peak_rss_bytes: float  # modelled: the larger regime's peak
+    # the same with every gathered tensor's outputs and quotient alive at once (the live model's other bound)
+    peak_rss_all_at_once_bytes: NotRequired[float]
     regime: str | None  # compute or collectives
     over_budget: bool | None  # None: no --mem-per-rank
 

@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console, Group
 from rich.text import Text
 
-from memdiag.format.results import Prediction
+from memdiag.format.results import Prediction, PredictionRow
 from memdiag.report._fit import Column, FitTable
 from memdiag.report.terminal import common_scope, short_name
 from memdiag.units import format_bytes
@@ -28,14 +28,24 @@ K_REASONS = {
 NO_GATHER_REASON = "has no allgather path in Horovod (sparse_as_dense needed): reduced densely in every mode"
 
 
+def _all_at_once(row: PredictionRow) -> float | None:
+    """The row's peak with every gathered tensor's buffers alive at once, where it differs (more than 1%)."""
+    every = row.get("peak_rss_all_at_once_bytes")
+    return every if every is not None and every > row["peak_rss_bytes"] * 1.01 else None
+
+
 def predicted_table(table: Prediction) -> FitTable:
-    grid = FitTable([Column("N", key=True), Column("mode", justify="left", key=True), Column("coll/step"),
-                     Column("gathered"), Column("peak RSS"), Column("set by", justify="left")],
-                    title="Predicted per rank (bytes from the formula; peak modelled)")
+    overlap = any(_all_at_once(row) is not None for row in table["rows"])
+    columns = [Column("N", key=True), Column("mode", justify="left", key=True), Column("coll/step"),
+               Column("gathered"), Column("peak RSS"), *([Column("all at once")] if overlap else []),
+               Column("set by", justify="left")]
+    grid = FitTable(columns, title="Predicted per rank (bytes from the formula; peak modelled)")
     for row in table["rows"]:
         peak = format_bytes(row["peak_rss_bytes"]) + (" OOM" if row["over_budget"] else "")
+        every = _all_at_once(row)
+        extra = [format_bytes(every) if every is not None else "-"] if overlap else []
         grid.add_row(str(row["world_size"]), row["mode"], format_bytes(row["collective_bytes_per_rank"]),
-                     format_bytes(row["gathered_bytes_per_rank"]), peak, row.get("regime") or "-")
+                     format_bytes(row["gathered_bytes_per_rank"]), peak, *extra, row.get("regime") or "-")
     return grid
 
 
@@ -134,6 +144,9 @@ def notes(table: Prediction) -> Text:
         text.append("peak = base + k x gathered bytes (these summaries do not separate the compute and "
                     "collective peaks: one regime)\n", style="bold")
     text.append(_cost_note(table) + "\n")
+    if any(_all_at_once(row) is not None for row in table["rows"]):
+        text.append("all at once: the peak if every gathered tensor's outputs and quotient were alive at once "
+                    "(the tensors' reductions overlapping), on the same collective base: an upper figure\n")
     fitted = table.get("fitted_cost_per_gathered_byte")
     text.append(f"collective base anchored at the largest of N = {measured_at}"
                 + (f"; a straight fit over those N gives k = {fitted:.2f}" if fitted else "") + "\n")

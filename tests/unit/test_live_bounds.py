@@ -21,6 +21,8 @@ from memdiag.analyze.live_bytes import live_steps
 from memdiag.analyze.summary import summarize
 from memdiag.format.reader import load_run
 from memdiag.format.writer import RecordWriter
+from memdiag.formula import SparseGradientShape
+from memdiag.policy import decide
 from memdiag.report.compare import live_bounds_text, print_compare
 
 MiB, GiB = 2**20, 2**30
@@ -30,6 +32,7 @@ KERNEL = "model/dense/kernel:0"
 KERNEL_BYTES = 4 * WIDTH * WIDTH
 RANK_COUNTS, STEPS = (2, 4, 8), 3
 BASE = 800 * MiB  # what a step holds besides the gathered buffers
+VOCAB = 50000
 
 
 def one_at_a_time(n: int) -> int:
@@ -54,6 +57,9 @@ def write_run(path: Path, n: int, peak: int) -> Path:
     for rank in range(n):
         writer = RecordWriter(str(path / f"rank-{rank}.jsonl"), rank)
         writer.add({"type": "start", "t": 1.0, "size": n, "host": "h", "versions": {"tensorflow": "2.15.1"}})
+        for name, rows in TABLES.items():  # the shapes known before the run, as the hooks record them
+            shape = SparseGradientShape(rows, ROW_BYTES, INDEX_BYTES, VOCAB, WIDTH)
+            writer.add({**decide("sparse", name, n, shape).as_record(), "t": 1.5})
         for step in range(STEPS):
             t0 = 10.0 * (step + 1)
             for i, (name, rows) in enumerate(TABLES.items()):
@@ -156,3 +162,26 @@ def test_the_bounds_clause_in_words():
     assert live_bounds_text(60 * MiB, 64 * MiB, 128 * MiB).endswith("below both")
     assert live_bounds_text(90 * MiB, 64 * MiB, 64 * MiB) == ""  # one gathered tensor: no other bound
     assert live_bounds_text(90 * MiB, 64 * MiB, None) == ""  # a comparison written before the bound
+
+
+def test_predict_gives_the_peak_with_every_table_at_once_on_the_same_base(tmp_path, capsys):
+    from memdiag.cli import main
+
+    # GIVEN the two-table comparison, its peaks growing by the one-at-a-time figure, written as compare leaves it
+    lower = one_at_a_time(1) - KERNEL_BYTES  # per added rank: A's gathered rows and A's quotient
+    upper = all_at_once(1) - KERNEL_BYTES  # both tables'
+    peaks = {n: BASE + n * lower for n in RANK_COUNTS}
+    result = comparison(tmp_path, peaks)
+    (tmp_path / "compare.json").write_text(json.dumps(result))
+    # WHEN memdiag predicts N=16
+    assert main(["predict", str(tmp_path), "--ranks", "16", "--modes", "sparse", "--format", "json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["rows"]
+    # THEN the peak is the base anchored at N=8 plus one table's buffers at a time, and the other figure the
+    # same base plus both tables' at once (by hand from the shapes: the base is what N=8 held less A's buffers)
+    base = peaks[8] - 8 * lower
+    assert row["peak_rss_bytes"] == pytest.approx(base + 16 * lower)
+    assert row["peak_rss_all_at_once_bytes"] == pytest.approx(base + 16 * upper)
+    # AND the text report has the column and says what it is
+    assert main(["predict", str(tmp_path), "--ranks", "16", "--modes", "sparse"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "all at once" in text and "an upper figure" in text
