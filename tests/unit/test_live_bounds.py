@@ -185,3 +185,32 @@ def test_predict_gives_the_peak_with_every_table_at_once_on_the_same_base(tmp_pa
     assert main(["predict", str(tmp_path), "--ranks", "16", "--modes", "sparse"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "all at once" in text and "an upper figure" in text
+
+
+def repeated_comparison(root: Path, peaks: dict[int, int]) -> dict:
+    """The comparison with every configuration measured twice, alike (run-to-run noise 0)."""
+    run_dirs = {(n, "sparse"): str(write_run(root / f"n{n}-sparse", n, peaks[n])) for n in RANK_COUNTS}
+    result = compare_analysis.build("synthetic", "two-tables", {key: [path, path] for key, path in run_dirs.items()})
+    result.update(rank_counts=list(RANK_COUNTS), modes=["sparse"], steps=STEPS, repeats=2)
+    return json.loads(json.dumps(result, default=str))
+
+
+def test_with_repeats_a_gap_the_all_at_once_figure_covers_is_not_called_unexplained(tmp_path):
+    # GIVEN repeats (noise 0), and a growth from N=4 to 8 between the two figures, while from 2 to 4 it is above both
+    lower = one_at_a_time(1) - KERNEL_BYTES
+    upper = all_at_once(1) - KERNEL_BYTES
+    halfway = (lower + upper) // 2
+    peaks = {2: BASE + 2 * halfway, 4: BASE + 2 * halfway + 2 * (upper + 20 * MiB)}
+    peaks[8] = peaks[4] + 4 * halfway
+    result = repeated_comparison(tmp_path, peaks)
+    assert result["noise_source"] == "repeats" and result["noise_bytes"] == 0
+    first, second = result["physics"]["sparse_segments"]
+    assert first["beyond_noise"] is True and second["beyond_noise"] is True
+    text = words(result)
+    # THEN the segment above both is unexplained, and the one between the figures is not
+    assert "N=2 to 4:" in text and "unexplained: " in text
+    [between] = [part for part in text.split("; N=") if part.startswith("4 to 8")]
+    assert "unexplained" not in between and "beyond run-to-run noise" in between
+    assert "the measured growth lies between the two" in between
+    above = text.split("N=2 to 4:")[1].split("; N=4 to 8")[0]
+    assert "unexplained: " in above and "the measured growth is above both" in above
