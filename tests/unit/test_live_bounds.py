@@ -24,6 +24,7 @@ from memdiag.format.writer import RecordWriter
 from memdiag.formula import SparseGradientShape
 from memdiag.policy import decide
 from memdiag.report.compare import live_bounds_text, print_compare
+from memdiag.units import format_bytes
 
 MiB, GiB = 2**20, 2**30
 WIDTH, ROW_BYTES, INDEX_BYTES = 1024, 4 * 1024, 4
@@ -214,3 +215,22 @@ def test_with_repeats_a_gap_the_all_at_once_figure_covers_is_not_called_unexplai
     assert "the measured growth lies between the two" in between
     above = text.split("N=2 to 4:")[1].split("; N=4 to 8")[0]
     assert "unexplained: " in above and "the measured growth is above both" in above
+
+
+def test_a_run_whose_gathered_buffers_set_the_peak_names_both_figures(tmp_path):
+    from memdiag.report.terminal import peak_cause
+
+    # GIVEN the two-table run at N=4, its peak the base plus halfway between the figures
+    lower, upper = one_at_a_time(1) - KERNEL_BYTES, all_at_once(1) - KERNEL_BYTES
+    run = write_run(tmp_path / "n4", 4, BASE + 4 * (lower + upper) // 2)
+    [top, *_] = sorted(json.loads((run / "summary.json").read_text())["ranks"], key=lambda r: r["rank"])
+    # THEN the collectives set it, and the cause names both figures of the live model, by hand
+    assert top["peak_phase"] == "collectives"
+    text = " ".join(peak_cause(top).split())
+    assert f"{format_bytes(one_at_a_time(4))} of collective outputs in all" in text
+    assert f"{format_bytes(all_at_once(4))} if every gathered tensor's outputs and quotient were alive at once" in text
+    # AND one table alone names one figure
+    for path in run.glob("rank-*.jsonl"):
+        path.write_text("\n".join(line for line in path.read_text().splitlines() if "model/b/" not in line) + "\n")
+    [alone, *_] = sorted(summarize(load_run(str(run)))["ranks"], key=lambda r: r["rank"])
+    assert "were alive at once" not in peak_cause(alone)
