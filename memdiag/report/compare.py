@@ -14,7 +14,13 @@ from rich.text import Text
 from memdiag.format.results import Comparison, EnginesComparison, Physics, RankOrderLook
 from memdiag.report._fit import Column, FitTable
 from memdiag.report.chart import peak_chart
-from memdiag.report.terminal import LIVE_ASSUMPTION, common_scope, describe_memory_environment, short_name
+from memdiag.report.terminal import (
+    LIVE_ASSUMPTION,
+    common_scope,
+    describe_memory_environment,
+    second_figure,
+    short_name,
+)
 from memdiag.units import format_bytes
 
 
@@ -261,18 +267,26 @@ def physics_parts(p: Physics) -> list[str]:
     return parts
 
 
+def live_position(measured: float, one: float | None, every: float | None) -> str | None:
+    """Where the measured growth lies against the live model's two figures (all three per added rank):
+    "between", "above" or "below"; None where there is no second figure (one gathered tensor, or a
+    comparison written before it)."""
+    if one is None or every is None or not second_figure(one, every):
+        return None
+    return "between" if one <= measured <= every else "above" if measured > every else "below"
+
+
 def live_bounds_text(measured: float, one: float | None, every: float | None) -> str:
-    """The live model's other bound, every gathered tensor's outputs and quotient alive at once, where it
-    differs from one at a time (more than one gathered tensor), and where the measured growth lies against
-    the two (all three per added rank); "" where there is no other bound."""
-    if one is None or every is None or every <= one * 1.01 or every - one < 1:
+    """The live model's other bound, every gathered tensor's outputs and quotient alive at once, and where
+    the measured growth lies against the two (:func:`live_position`); "" where there is no other bound."""
+    position = live_position(measured, one, every)
+    if position is None:
         return ""
     text = f", {_signed(every)} with every gathered tensor's outputs and quotient alive at once"
-    if one <= measured <= every:
+    if position == "between":
         return text + (": the measured growth lies between the two, as when the tensors' reductions overlap "
                        "in part")
-    return text + (": the measured growth is above both" if measured > every else
-                   ": the measured growth is below both")
+    return text + f": the measured growth is {position} both"
 
 
 def segments_text(p: Physics) -> str:
@@ -290,9 +304,7 @@ def segments_text(p: Physics) -> str:
         clause = (f"{span}: {_signed(s['measured_bytes_per_rank'])} per added rank, the model "
                   f"{_signed(s['predicted_bytes_per_rank'])}")
         one, every = s.get("live_bytes_per_rank"), s.get("live_all_bytes_per_rank")
-        bounds = live_bounds_text(s["measured_bytes_per_rank"], one, every)
-        overlap = bool(bounds) and one is not None and every is not None and \
-            one <= s["measured_bytes_per_rank"] <= every
+        overlap = live_position(s["measured_bytes_per_rank"], one, every) == "between"
         if s["unexplained_bytes_per_rank"] < 0 and phases.get(str(s["from_world_size"])) == "compute":
             # the two regimes: the gathered buffers hid under the compute peak at the lower rank count
             clause += f" (at N={s['from_world_size']} compute set the peak, and the gathered buffers fit under it)"
@@ -307,7 +319,8 @@ def segments_text(p: Physics) -> str:
             clause += ", within run-to-run noise"
         else:
             clause += f" ({_signed(s['unexplained_bytes_per_rank'])} apart)"
-        if bounds and one is not None:
+        bounds = live_bounds_text(s["measured_bytes_per_rank"], one, every)
+        if bounds:
             clause += f"; live buffers {_signed(one)} one tensor at a time" + bounds
         shown.append(clause)
     text = "Sparse growth by segment: " + "; ".join(shown) + "."

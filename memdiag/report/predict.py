@@ -15,7 +15,7 @@ from rich.text import Text
 
 from memdiag.format.results import Prediction, PredictionRow
 from memdiag.report._fit import Column, FitTable
-from memdiag.report.terminal import common_scope, short_name
+from memdiag.report.terminal import common_scope, second_figure, short_name
 from memdiag.units import format_bytes
 
 # Why a gathered byte costs k bytes at the peak, per reduce op (Horovod's sparse path).
@@ -31,7 +31,7 @@ NO_GATHER_REASON = "has no allgather path in Horovod (sparse_as_dense needed): r
 def _all_at_once(row: PredictionRow) -> float | None:
     """The row's peak with every gathered tensor's buffers alive at once, where it differs (more than 1%)."""
     every = row.get("peak_rss_all_at_once_bytes")
-    return every if every is not None and every > row["peak_rss_bytes"] * 1.01 else None
+    return every if every is not None and second_figure(row["peak_rss_bytes"], every) else None
 
 
 def predicted_table(table: Prediction) -> FitTable:

@@ -247,6 +247,12 @@ def replayed_line(summary: RunSummary) -> str | None:
             "no high-water mark of their own)")
 
 
+def second_figure(one: float, every: float) -> bool:
+    """Whether the live model's all-at-once figure ``every`` is worth showing beside its one-at-a-time figure
+    ``one``: more than 1% (and a byte) larger, as with more than one gathered tensor."""
+    return every > one * 1.01 and every - one >= 1
+
+
 # What the live collective figure assumes (memdiag.analyze.live_bytes.LiveStep): it is not a measurement.
 LIVE_ASSUMPTION = ("every output but an allgather's alive until the update, one allgather (a grouped call's "
                    "together) and one quotient at a time")
@@ -325,7 +331,7 @@ def peak_cause(top: RankSummary, attribution: dict[str, Any] | None = None) -> s
              "HOROVOD_FUSION_THRESHOLD (128 MiB by default), is not in the model"
              + ("" if measured else ": --memray measures it"))
     every = top.get("collective_live_all_peak_bytes")
-    if every is not None and every > held * 1.01:  # more than one gathered tensor: the model's other bound
+    if every is not None and second_figure(held, every):
         held_text = (f"{format_bytes(held)} of collective outputs in all, {format_bytes(every)} if every gathered "
                      "tensor's outputs and quotient were alive at once")
     else:
