@@ -32,6 +32,7 @@ import tensorflow as tf
 
 MARK = "_memdiag_host_call"
 
+_exit_hooks: list[Callable[[Any], None]] = []  # called with the graph as a scope of it ends (at_scope_exit)
 _made = threading.local()  # the lists :func:`collected` is filling in this thread, innermost last
 
 
@@ -126,6 +127,19 @@ def _only_marked_effects(op: Any) -> bool:
     return bool(stateful) and all(_marked(o) for o in stateful)
 
 
+def at_scope_exit(hook: Callable[[Any], None]) -> None:
+    """Call ``hook(graph)`` as each automatic-control-dependencies scope of a graph ends without an
+    error, before the scope judges its ops (while :func:`install` is in force): what it adds to the graph
+    is judged with the rest."""
+    if hook not in _exit_hooks:
+        _exit_hooks.append(hook)
+
+
+def no_scope_exit(hook: Callable[[Any], None]) -> None:
+    with contextlib.suppress(ValueError):
+        _exit_hooks.remove(hook)
+
+
 def install() -> list[tuple[Any, str, Any]]:
     """Let every automatic-control-dependencies scope run memdiag's host calls independently (see the
     module's text); returns what was replaced, as (owner, attribute, original), for the caller to put
@@ -139,8 +153,12 @@ def install() -> list[tuple[Any, str, Any]]:
 
     def __exit__(self: Any, *exc: Any) -> Any:  # noqa: N807 - the context manager's own method
         # a TensorFlow without these internals keeps its own order: never an error in the job's graph
+        graph = getattr(self, "_graph", None)
+        if graph is not None and exc[:1] == (None,):
+            for hook in list(_exit_hooks):
+                with contextlib.suppress(Exception):  # a hook counts its own failures
+                    hook(graph)  # ops made here are the scope's too: judged below
         with contextlib.suppress(Exception):
-            graph = getattr(self, "_graph", None)
             if graph is not None and not tf.executing_eagerly():
                 for op in graph.get_operations()[self._n_operations:]:
                     if _only_marked_effects(op):

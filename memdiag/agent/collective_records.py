@@ -15,15 +15,34 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
 
+from memdiag import graphcalls
 from memdiag.agent import replay
 from memdiag.agent.naming import Origin, is_integer
 from memdiag.graphcalls import host_call
+
+
+class _SetUpGroup:
+    """The broadcasts of one function graph being built (a script's set-up: ``broadcast_variables``
+    broadcasts each variable, and a mark is a node the graph keeps, about 50 KB of a rank's peak each:
+    probes/mark_node_cost.py): one begin mark, made at the first, that each broadcast waits for, as its
+    own would have been (a mark of known shapes has no inputs: it runs when the graph starts), and one
+    end mark made when the graph's building ends, after every broadcast's output. Each broadcast keeps
+    its own key: the group's marks stand for them all, with their times (the end: the last to
+    complete)."""
+
+    __slots__ = ("key", "begin", "ends")
+
+    def __init__(self, key: int, begin: Any) -> None:
+        self.key = key
+        self.begin = begin
+        self.ends: list[tuple[int, Any]] = []  # (key, output) of each broadcast
 
 
 class CollectiveRecords:
@@ -49,6 +68,10 @@ class CollectiveRecords:
         self._draining = threading.local()
         self.record_every_s = 0.0  # --record-every: the sampler thread drains at most this often (drain_when_due)
         self._last_drain = time.monotonic()
+        # The broadcasts of each function graph being built, marked as one group (_SetUpGroup)
+        self._set_up: weakref.WeakKeyDictionary[Any, _SetUpGroup] = weakref.WeakKeyDictionary()
+        self._closes_set_up = False
+        self._set_up_lock = threading.RLock()  # taken before self._lock, never inside it
 
     # -- native marks ---------------------------------------------------------------------------------
     def use_native(self, marks: Any, record_every_s: float = 0.0, keys: replay.KeysFile | None = None) -> None:
@@ -61,6 +84,14 @@ class CollectiveRecords:
         self._keys = keys
         self.tracer.drain = self.drain
         self.tracer.sampler.before_sample = self.drain_when_due
+        if not self._closes_set_up:
+            graphcalls.at_scope_exit(self._close_set_up)
+            self._closes_set_up = True
+
+    def stop_native(self) -> None:
+        """No more native marks in graphs built from now on (the hooks are uninstalled)."""
+        graphcalls.no_scope_exit(self._close_set_up)
+        self._closes_set_up = False
 
     def drain_when_due(self) -> None:
         """The sampler thread's drain: at every wake (``record_every_s`` 0, the default), else once that
@@ -102,7 +133,7 @@ class CollectiveRecords:
     def _dispatch(self, records: Any) -> None:
         replay.dispatch(self.tracer, self._marked, records)
 
-    def _native_key(self, op: str, meta: dict[str, Any], world_size: int, static: replay.StaticShapes) -> int:
+    def _native_key(self, op: str, meta: dict[str, Any], world_size: int, static: replay.StaticShapes | None) -> int:
         """The key of a new native mark: what its records are read back as (:meth:`_dispatch`), with
         the shapes known when the graph was built (the mark's inputs are the others)."""
         with self._lock:
@@ -111,6 +142,52 @@ class CollectiveRecords:
             if self._keys is not None:
                 self._keys.add(key, op, meta, world_size, static)
             return key
+
+    def _group_key(self, members: list[int]) -> int:
+        """The key of one mark that stands for the collectives of ``members`` (keys of their own, every
+        shape known when the graph was built), each dispatched with the mark's time."""
+        return self._native_key(replay.GROUP, {"members": list(members)}, 0, None)
+
+    def _join_group(self, group: int, member: int) -> None:
+        with self._lock:
+            self._marked[group][1]["members"].append(member)
+            if self._keys is not None:
+                self._keys.add_member(group, member)
+
+    @staticmethod
+    def _static(tensors: Any) -> bool:
+        return all(tensor.shape.is_fully_defined() for tensor in tensors)
+
+    def _set_up_group(self, op: str, tensors: list[Any], begin: bool = False) -> _SetUpGroup | None:
+        """The graph's group of broadcasts, where these tensors' broadcasts join it: native marks on,
+        every shape known, inside a function graph being built (whose end closes the group); made, with
+        its begin mark, by the ``begin`` of a broadcast. None: each is marked on its own."""
+        if op != "broadcast" or not self._native_fits(tensors) or not self._static(tensors):
+            return None
+        graph = tf.compat.v1.get_default_graph()
+        if not getattr(graph, "building_function", False) or not getattr(graph, "_add_control_dependencies", False):
+            return None  # a TF1 graph runs only what is fetched; without the scope nothing closes the group
+        from memdiag.nativemarks import BEGIN
+
+        with self._set_up_lock:
+            group = self._set_up.get(graph)
+            if group is None and begin:
+                key = self._group_key([])
+                with tf.control_dependencies(None):  # shared: it waits for nothing the first broadcast waits for
+                    group = self._set_up[graph] = _SetUpGroup(key, self.native.mark(key, BEGIN, []))
+            return group
+
+    def _close_set_up(self, graph: Any) -> None:
+        """The end of ``graph``'s building: one mark after every broadcast of its group."""
+        with self._set_up_lock:
+            group = self._set_up.pop(graph, None)
+        if group is None or not group.ends:
+            return
+        from memdiag.nativemarks import END
+
+        key = self._group_key([k for k, _ in group.ends])
+        with graph.as_default(), tf.control_dependencies(None), tf.control_dependencies([o for _, o in group.ends]):
+            self.native.mark(key, END, [])
 
     def _native_fits(self, tensors: Any) -> bool:
         """Whether native marks are on and every tensor's shape fits a native record (a known rank of
@@ -142,13 +219,25 @@ class CollectiveRecords:
         if tf.executing_eagerly():
             begin(*[tensor.shape for _, tensor in items])
             return []
-        if self._native_fits(tensor for _, tensor in items):
+        tensors = [tensor for _, tensor in items]
+        set_up = self._set_up_group(op, tensors, begin=True)
+        if set_up is not None:
+            # a function graph's broadcasts (a script's set-up) begin together, at the graph's start: one mark
+            for meta, tensor in zip(metas, tensors):
+                self._join_group(set_up.key, self._native_key(op, meta, world_size, [static_shape(tensor)]))
+            return [set_up.begin]
+        if self._native_fits(tensors):
             from memdiag.nativemarks import BEGIN
 
+            if len(items) > 1 and self._static(tensors):
+                # one op of many tensors, every shape known now: one mark stands for all of them
+                members = [self._native_key(op, meta, world_size, [static_shape(tensor)])
+                           for meta, tensor in zip(metas, tensors)]
+                return [self.native.mark(self._group_key(members), BEGIN, [])]
             # one mark per tensor: a record holds a few shapes; a shape known now is kept with the key,
             # not made an op (a constant under a control dependency is a node that runs every step)
             marks = []
-            for meta, (_, tensor) in zip(metas, items):
+            for meta, tensor in zip(metas, tensors):
                 static, inputs = mark_inputs([tensor])
                 marks.append(self.native.mark(self._native_key(op, meta, world_size, static), BEGIN, inputs))
             return marks
@@ -188,6 +277,13 @@ class CollectiveRecords:
                 self._failed(f"record an {op}", exc)
             return []
 
+        set_up = self._set_up_group(op, [tensor, output])
+        if set_up is not None:
+            # ended with the graph's other broadcasts: one mark after them all (_close_set_up)
+            key = self._native_key(op, meta, 0, [static_shape(tensor), static_shape(output)])
+            with self._set_up_lock:
+                set_up.ends.append((key, output))
+            return output
         # A static shape is a constant that would let the record run before the collective:
         # the control dependency makes it wait for the output, so `t` is the completion time.
         with tf.control_dependencies([output]):
@@ -200,6 +296,23 @@ class CollectiveRecords:
                 shapes = [tf.shape(tensor, out_type=tf.int64), tf.shape(output, out_type=tf.int64)]
                 marked = host_call(emit, shapes, name="memdiag_record")
         return after(output, marked)
+
+    def _record_all(self, op: str, origins: list[Origin], tensors: list[Any], outputs: list[Any]) -> list[Any]:
+        """:meth:`_record` for the outputs of one op of many tensors. Where every shape is known now and
+        the marks are native, one mark after all of the op's outputs (which it completes at once) stands
+        for each; the broadcasts of a function graph's group end with the group."""
+        if tf.executing_eagerly() or len(outputs) < 2 or not self._native_fits([*tensors, *outputs]) \
+                or not self._static([*tensors, *outputs]) or self._set_up_group(op, tensors) is not None:
+            return [self._record(op, origin, tensor, output, grouped=True)
+                    for origin, tensor, output in zip(origins, tensors, outputs)]
+        from memdiag.nativemarks import END
+
+        members = [self._native_key(op, self._meta(op, origin, tensor, grouped=True), 0,
+                                    [static_shape(tensor), static_shape(output)])
+                   for origin, tensor, output in zip(origins, tensors, outputs)]
+        with tf.control_dependencies(list(outputs)):
+            marked = self.native.mark(self._group_key(members), END, [])
+        return [after(output, marked) for output in outputs]
 
     @contextlib.contextmanager
     def _abandoned_if_raising(self, op: str, origins: list[Origin]) -> Iterator[None]:

@@ -140,6 +140,7 @@ class CollectiveHooks(CollectiveRecords):
         for module, attr, original in reversed(self._originals):
             setattr(module, attr, original)
         self._originals.clear()
+        self.stop_native()
         self.parameters.variables.uninstall()
         optimizer_input.shared().uninstall()
 
@@ -397,11 +398,8 @@ class CollectiveHooks(CollectiveRecords):
                 with tf.control_dependencies(marks), self._abandoned_if_raising(op, origins):
                     outputs = original(tensors, *args, **kwargs)
 
-                def record() -> list[Any]:
-                    return [self._record(op, origin, tensor, output, grouped=True)
-                            for origin, tensor, output in zip(origins, tensors, outputs)]
-
-                recorded = self._guard(f"record a grouped {op}", record)
+                recorded = self._guard(f"record a grouped {op}",
+                                       lambda: self._record_all(op, origins, tensors, list(outputs)))
                 if recorded is None or all(r is o for r, o in zip(recorded, outputs)):
                     return outputs
                 return type(outputs)(recorded) if isinstance(outputs, (list, tuple)) else recorded
@@ -423,11 +421,8 @@ class CollectiveHooks(CollectiveRecords):
             with tf.control_dependencies(marks), self._abandoned_if_raising("broadcast", origins):
                 outputs = original(variables, *args, **kwargs)
 
-            def record() -> list[Any]:
-                return [self._record("broadcast", origin, var, output, grouped=True)
-                        for origin, var, output in zip(origins, variables, outputs)]
-
-            recorded = self._guard("record a broadcast", record)
+            recorded = self._guard("record a broadcast",
+                                   lambda: self._record_all("broadcast", origins, variables, list(outputs)))
             if recorded is None or all(r is o for r, o in zip(recorded, outputs)):
                 return outputs
             return type(outputs)(recorded) if isinstance(outputs, (list, tuple)) else recorded

@@ -64,10 +64,20 @@ def mark_shapes(record: Any, static: StaticShapes) -> list[list[int]]:
     return shapes
 
 
+GROUP = "group"  # a key standing for several collectives: ``{"members": [their keys]}``, all marked at once
+
+
+def group_members(marked: list[Marked], key: int) -> list[int]:
+    """The keys a group key stands for (a key that is no group stands for itself)."""
+    op, meta, _, _ = marked[key]
+    return list(meta["members"]) if op == GROUP else [key]
+
+
 def dispatch(tracer: Any, marked: list[Marked], records: Any) -> None:
     """Hand ``tracer`` the marks ``records`` (rows of memdiag.nativemarks.Marks.read) in the order of their
     times, each with its time; ``marked``: what each key stands for (op, fields, the world size for a
-    begin, the shapes known when the graph was built)."""
+    begin, the shapes known when the graph was built). A group's mark stands for each of its members,
+    with its time (their shapes are all known when the graph was built)."""
     records = records[np.argsort(records[:, 4], kind="stable")]
     # The RSS each mark read where the graph reached it: samples at the phases' edges, put among
     # the sampler's before any record can end a step (a step's samples are cut by time).
@@ -75,14 +85,15 @@ def dispatch(tracer: Any, marked: list[Marked], records: Any) -> None:
     tracer.sampler.add_marks((records[read, 4] / 1e9).tolist(), records[read, RSS].tolist())
     # as Python ints, converted at once (reading numpy scalars one by one costs more than the rest)
     for record in records.tolist():
-        op, meta, extra, static = marked[record[1]]
         t = record[4] / 1e9
-        if record[2] == BEGIN:
-            [shape_in] = mark_shapes(record, static or [None])
-            tracer.begin_collective(meta, expected_bytes(op, meta, shape_in, extra), in_graph=True, t=t)
-        else:
-            shape_in, shape_out = mark_shapes(record, static or [None, None])
-            tracer.collective(meta, shape_in, shape_out, t=t)
+        for key in group_members(marked, record[1]):
+            op, meta, extra, static = marked[key]
+            if record[2] == BEGIN:
+                [shape_in] = mark_shapes(record, static or [None])
+                tracer.begin_collective(meta, expected_bytes(op, meta, shape_in, extra), in_graph=True, t=t)
+            else:
+                shape_in, shape_out = mark_shapes(record, static or [None, None])
+                tracer.collective(meta, shape_in, shape_out, t=t)
 
 
 class KeysFile:
@@ -94,11 +105,18 @@ class KeysFile:
         self._lock = threading.Lock()
         self._file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - open for the rank's life
 
-    def add(self, key: int, op: str, meta: dict[str, Any], extra: int, static: StaticShapes) -> None:
+    def add(self, key: int, op: str, meta: dict[str, Any], extra: int, static: StaticShapes | None) -> None:
         line = json.dumps({"key": key, "op": op, "meta": meta, "extra": extra, "static": static},
                           separators=(",", ":"), default=str)
         with self._lock:
             self._file.write(line + "\n")
+            self._file.flush()
+
+    def add_member(self, group: int, member: int) -> None:
+        """A member joins group key ``group`` after the group's own line (a group that grows as the graph
+        is built: memdiag.agent.collective_records)."""
+        with self._lock:
+            self._file.write(json.dumps({"group": group, "member": member}) + "\n")
             self._file.flush()
 
     def close(self) -> None:
@@ -115,6 +133,13 @@ def read_keys(path: str) -> list[Marked]:
                 entry = json.loads(line)
             except ValueError:
                 break
+            if "group" in entry:  # a member added to a group key written earlier
+                group, member = entry["group"], entry.get("member")
+                if not (isinstance(group, int) and 0 <= group < len(marked) and marked[group][0] == GROUP
+                        and isinstance(member, int) and 0 <= member < len(marked)):
+                    break
+                marked[group][1]["members"].append(member)
+                continue
             if entry.get("key") != len(marked):
                 break
             marked.append((entry["op"], entry["meta"], int(entry["extra"]), entry.get("static")))  # None: every shape an input
