@@ -28,6 +28,18 @@ from memdiag.agent.naming import Origin, is_integer
 from memdiag.graphcalls import host_call
 
 
+class _Outside:
+    """The all-reduces of one Horovod cond being built whose marks go outside it: their begin and end
+    keys, in the order made (CollectiveRecords._outside_cond); ``graph``: the graph around the cond."""
+
+    __slots__ = ("begins", "ends", "graph")
+
+    def __init__(self, graph: Any) -> None:
+        self.begins: list[int] = []
+        self.ends: list[int] = []
+        self.graph = graph
+
+
 class _SetUpGroup:
     """The broadcasts of one function graph being built (a script's set-up: ``broadcast_variables``
     broadcasts each variable, and a mark is a node the graph keeps, about 50 KB of a rank's peak each:
@@ -72,6 +84,7 @@ class CollectiveRecords:
         self._set_up: weakref.WeakKeyDictionary[Any, _SetUpGroup] = weakref.WeakKeyDictionary()
         self._closes_set_up = False
         self._set_up_lock = threading.RLock()  # taken before self._lock, never inside it
+        self._outside = threading.local()  # .cond: the _Outside of the Horovod cond being built in this thread
 
     # -- native marks ---------------------------------------------------------------------------------
     def use_native(self, marks: Any, record_every_s: float = 0.0, keys: replay.KeysFile | None = None) -> None:
@@ -199,6 +212,54 @@ class CollectiveRecords:
         ranks = [tensor.shape.rank for tensor in tensors]
         return all(rank is not None and rank <= MAX_VALUES for rank in ranks)
 
+    def _outside_cond(self, build: Callable[[], Any], inputs: Any, runs: bool) -> Any:
+        """``build()``: Horovod's ``tf.cond`` of one reduction (``_allreduce_cond``), its all-reduces
+        marked outside the cond, in the graph around it: a begin mark after the cond's inputs and an
+        end mark after its outputs (and the begin). A mark inside a branch makes the cond a stateful
+        ``If``, which TensorFlow instantiates at a far higher cost than the stateless one plain Horovod
+        builds (probes/mark_node_cost.py, ``cond-`` variants). ``runs``: the cond's predicate, known
+        when the graph is built (the process set has this rank and more than one); where it is false
+        the branch never runs, and nothing is marked. Inside a function graph with native marks only;
+        an all-reduce whose shapes are not all known now keeps its marks inside."""
+        graph = tf.compat.v1.get_default_graph()
+        if self.native is None or tf.executing_eagerly() or not getattr(graph, "building_function", False) \
+                or not getattr(graph, "_add_control_dependencies", False):
+            return build()
+        outside = _Outside(graph)
+        previous = getattr(self._outside, "cond", None)
+        self._outside.cond = outside
+        try:
+            result = build()
+        finally:
+            self._outside.cond = previous
+        if not runs or not outside.begins:
+            return result
+        from memdiag.nativemarks import BEGIN, END
+
+        def key(members: list[int]) -> int:
+            return members[0] if len(members) == 1 else self._group_key(members)
+
+        def tensors(value: Any) -> list[Any]:
+            return [t for t in tf.nest.flatten(value, expand_composites=True) if isinstance(t, tf.Tensor)]
+
+        def mark() -> None:
+            with tf.control_dependencies(None):
+                with tf.control_dependencies(tensors(inputs)):
+                    begin = self.native.mark(key(outside.begins), BEGIN, [])
+                if outside.ends:
+                    with tf.control_dependencies([*tensors(result), begin]):
+                        self.native.mark(key(outside.ends), END, [])
+
+        self._guard("mark an all-reduce around its cond", mark)
+        return result
+
+    def _outside_cond_fits(self, op: str, tensors: list[Any]) -> _Outside | None:
+        """The cond being built, where this collective's marks go outside it (:meth:`_outside_cond`)."""
+        outside = getattr(self._outside, "cond", None)
+        if outside is None or op != "allreduce" or not self._native_fits(tensors) or not self._static(tensors):
+            return None
+        return outside if tf.compat.v1.get_default_graph() is not outside.graph else None
+
     # -- records ----------------------------------------------------------------------------------------
     def _begin(self, op: str, items: list[tuple[Origin, Any]]) -> list[Any]:
         """Tell the tracer collectives are starting, with the bytes each will receive; in a graph,
@@ -220,6 +281,11 @@ class CollectiveRecords:
             begin(*[tensor.shape for _, tensor in items])
             return []
         tensors = [tensor for _, tensor in items]
+        outside = self._outside_cond_fits(op, tensors)
+        if outside is not None:
+            outside.begins += [self._native_key(op, meta, world_size, [static_shape(tensor)])
+                               for meta, tensor in zip(metas, tensors)]
+            return []
         set_up = self._set_up_group(op, tensors, begin=True)
         if set_up is not None:
             # a function graph's broadcasts (a script's set-up) begin together, at the graph's start: one mark
@@ -277,6 +343,10 @@ class CollectiveRecords:
                 self._failed(f"record an {op}", exc)
             return []
 
+        outside = self._outside_cond_fits(op, [tensor, output])
+        if outside is not None:
+            outside.ends.append(self._native_key(op, meta, 0, [static_shape(tensor), static_shape(output)]))
+            return output
         set_up = self._set_up_group(op, [tensor, output])
         if set_up is not None:
             # ended with the graph's other broadcasts: one mark after them all (_close_set_up)
@@ -302,7 +372,8 @@ class CollectiveRecords:
         the marks are native, one mark after all of the op's outputs (which it completes at once) stands
         for each; the broadcasts of a function graph's group end with the group."""
         if tf.executing_eagerly() or len(outputs) < 2 or not self._native_fits([*tensors, *outputs]) \
-                or not self._static([*tensors, *outputs]) or self._set_up_group(op, tensors) is not None:
+                or not self._static([*tensors, *outputs]) or self._set_up_group(op, tensors) is not None \
+                or self._outside_cond_fits(op, [*tensors, *outputs]) is not None:
             return [self._record(op, origin, tensor, output, grouped=True)
                     for origin, tensor, output in zip(origins, tensors, outputs)]
         from memdiag.nativemarks import END

@@ -32,6 +32,7 @@ wrappers work through its collaborators, each in a module of its own:
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -98,7 +99,9 @@ class CollectiveHooks(CollectiveRecords):
                              "DistributedOptimizer": self._wrap_constructor("DistributedOptimizer")},
             "gradient": {"_make_allreduce_grads_fn": self._wrap_make_allreduce_grads_fn,
                          "allreduce": self._wrap_allreduce,
-                         "grouped_allreduce": self._wrap_grouped_allreduce},
+                         "grouped_allreduce": self._wrap_grouped_allreduce,
+                         "_allreduce_cond": self._wrap_cond,
+                         "_grouped_allreduce_cond": self._wrap_cond},
             "op": {"init": self._wrap_init,
                    "_allreduce": self._wrap_op("allreduce"),
                    "_grouped_allreduce": self._wrap_grouped_op("allreduce"),
@@ -352,6 +355,26 @@ class CollectiveHooks(CollectiveRecords):
                 return original(tensors, *args, **kwargs)
 
         return grouped_allreduce
+
+    def _wrap_cond(self, original: Callable) -> Callable:
+        """Horovod's ``tf.cond`` around each gradient's all-reduce (``_allreduce_cond``, and
+        ``_grouped_allreduce_cond`` for ``groups=``): its collectives marked outside the cond
+        (:meth:`CollectiveRecords._outside_cond`). The predicate is Horovod's own, known when the graph
+        is built; under elastic Horovod it is a run-time op, and the marks stay inside."""
+        signature = calls.signature(original)
+
+        def cond(tensor, *args, **kwargs):
+            try:
+                arguments = calls.bind(signature, (tensor, *args), kwargs)
+                process_set = arguments.get("process_set")
+                if process_set is None or int(os.environ.get("HOROVOD_ELASTIC", 0) or 0):
+                    raise LookupError("the predicate is not known when the graph is built")
+                runs = bool(process_set.included() and process_set.size() > 1)
+            except Exception:  # noqa: BLE001 - marked inside the cond, as any other collective
+                return original(tensor, *args, **kwargs)
+            return self._outside_cond(lambda: original(tensor, *args, **kwargs), tensor, runs)
+
+        return cond
 
     # -- op level ---------------------------------------------------------------------------------
     def _wrap_op(self, op: str) -> Callable[[Callable], Callable]:

@@ -177,3 +177,74 @@ def test_a_tf1_graphs_broadcasts_keep_a_mark_each_and_run_when_fetched(marks, tm
     # THEN each broadcast has its own begin and end, and each is recorded
     assert marks.ops_made - made == 6
     assert [name for _, _, name, _, _ in _collectives(traced.records())] == ["var_0", "var_1", "var_2"]
+
+
+def _cond_step(hooks, runs: bool, tensors: int = 1):
+    """A step whose gradients are each reduced in a tf.cond of their own, as Horovod's _allreduce_cond
+    builds it (the stand-in all-reduce an identity with memdiag's begin and record around it), through
+    memdiag's placement of the marks around the cond."""
+
+    def reduce(i: int, grad):
+        origins = [Origin(f"grad_{i}_{j}", gradient=True, reduce_op="average") for j in range(tensors)]
+        grads = [grad * float(j + 1) for j in range(tensors)]
+
+        def branch():
+            with tf.control_dependencies(hooks._begin("allreduce", list(zip(origins, grads)))):
+                outputs = [tf.identity(g) for g in grads]
+            if tensors == 1:
+                return hooks._record("allreduce", origins[0], grads[0], outputs[0], grouped=False)
+            return hooks._record_all("allreduce", origins, grads, outputs)
+
+        return hooks._outside_cond(lambda: tf.cond(tf.constant(runs), branch, lambda: grads[0] if tensors == 1 else grads),
+                                   grads, runs)
+
+    @tf.function
+    def step(x):
+        reduced = [reduce(i, tf.reshape(x, [2, 4]) + float(i)) for i in range(3)]
+        return tf.add_n([tf.reduce_sum(r) for r in tf.nest.flatten(reduced)])
+
+    return step
+
+
+@pytest.mark.parametrize("tensors", [1, 2])
+def test_a_horovod_conds_all_reduces_are_marked_around_it_and_the_cond_stays_stateless(marks, tmp_path, tensors):
+    # GIVEN three gradients each reduced in a cond of its own (two tensors a cond: a grouped all-reduce)
+    traced = Traced(tmp_path, marks)
+    step = _cond_step(traced.hooks, runs=True, tensors=tensors)
+    graph = step.get_concrete_function(tf.TensorSpec([8])).graph
+    # THEN no mark is inside a cond: each cond is stateless, as plain Horovod builds it
+    ifs = [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
+    assert [op.type for op in ifs] == ["StatelessIf"] * 3
+    for op in ifs:
+        assert not [o for o in op._true_graph.get_operations() if o.type == "MemdiagMark"]
+    # AND a begin and an end mark per cond stand beside it, the end after the cond's outputs and the begin
+    outer = [op for op in graph.get_operations() if op.type == "MemdiagMark"]
+    assert sorted(op.get_attr("kind") for op in outer) == [nativemarks.BEGIN] * 3 + [nativemarks.END] * 3
+    for end in (op for op in outer if op.get_attr("kind") == nativemarks.END):
+        waits = [o if o.type != "Identity" else o.inputs[0].op for o in end.control_inputs]  # cond_v2's outputs
+        assert sorted({o.type for o in waits}) == ["MemdiagMark", "StatelessIf"]
+    # AND nothing waits for a mark: the conds run as they would unmarked
+    assert not any(op.control_inputs and any(c.type == "MemdiagMark" for c in op.control_inputs)
+                   for op in graph.get_operations() if op.type != "MemdiagMark" and op.type != "NoOp")
+    # AND each all-reduce is recorded step by step, with its shapes
+    for i in range(2):
+        step(tf.fill([8], float(i)))
+    traced.hooks.drain()
+    assert traced.tracer.in_flight() is None
+    collectives = _collectives(traced.records())
+    assert len(collectives) == 2 * 3 * tensors
+    assert {(name, shape_in) for _, _, name, shape_in, _ in collectives} == {
+        (f"grad_{i}_{j}", (2, 4)) for i in range(3) for j in range(tensors)}
+    assert sorted({s for s, *_ in collectives}) == [0, 1]
+
+
+def test_a_cond_whose_branch_never_runs_is_not_marked_nor_recorded(marks, tmp_path):
+    # GIVEN Horovod's cond with a predicate false when the graph is built (a process set of one)
+    traced = Traced(tmp_path, marks)
+    made = marks.ops_made
+    step = _cond_step(traced.hooks, runs=False)
+    step(tf.fill([8], 1.0))
+    traced.hooks.drain()
+    # THEN no mark is made and no collective recorded: none ran
+    assert marks.ops_made == made
+    assert _collectives(traced.records()) == []
