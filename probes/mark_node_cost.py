@@ -2,18 +2,20 @@
 peak (VmHWM), against the same ``tf.function`` without marks, in fresh processes.
 
 The function holds K independent computations (a 64x64 matmul of a variable), each alone or in a
-``tf.cond`` of its own as Horovod puts each gradient's all-reduce, and per variant:
+``tf.cond`` of its own (of a computed tensor, as Horovod puts each gradient's all-reduce), and per
+variant:
 
     none         no marks
     end          one mark after each computation (a control dependency on its output), as memdiag ends
                  a collective
     both         a mark before (a control input) and one after each
     group        one mark after all K
-    end-attr     ``end`` with the mark also tagged by a node attribute (``op._set_attr``), as memdiag
-                 tagged its marks before they were tagged on the Python object
 
-and ``cond-`` before each for the ``tf.cond`` form. memdiag's own tagging (``graphcalls._mark``) and its
-scopes (``graphcalls.install``) are in force in every variant. Printed per variant: medians over the
+and ``cond-`` before each for the ``tf.cond`` form, where the marks are inside the branch (the cond a
+stateful ``If``), and ``cond-around``: a begin mark after the cond's input and an end mark after its
+output and the begin, outside it (the cond stateless), as memdiag marks Horovod's conds. memdiag's
+tagging of its marks (``graphcalls._mark``) and its scopes (``graphcalls.install``) are in force in
+every variant. Printed per variant: medians over the
 repeats of the trace (``get_concrete_function``), the first call, the VmHWM growth from before the trace
 to after 5 calls, and per mark the VmHWM and time beyond ``none`` of the same form::
 
@@ -31,8 +33,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VARIANTS = ("none", "end", "both", "group", "end-attr",
-            "cond-none", "cond-end", "cond-both", "cond-group", "cond-end-attr")
+VARIANTS = ("none", "end", "both", "group", "cond-none", "cond-end", "cond-both", "cond-group", "cond-around")
 
 
 def _hwm_mib() -> float:
@@ -46,7 +47,6 @@ def _hwm_mib() -> float:
 def child(variant: str, k: int) -> dict:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
-    from tensorflow.core.framework import attr_value_pb2
 
     sys.path.insert(0, ROOT)
     from memdiag import graphcalls, nativemarks
@@ -59,19 +59,17 @@ def child(variant: str, k: int) -> dict:
     kind = variant.removeprefix("cond-")
     variables = [tf.Variable(tf.ones([64, 64])) for _ in range(k)]
 
+    @tf.autograph.experimental.do_not_convert  # as memdiag's wrappers are: autograph would convert the call
     def mark(key: int, begin: bool) -> object:
-        op = marks.mark(key, 0 if begin else 1, [])
-        if kind == "end-attr":
-            op._set_attr("_memdiag_host_call", attr_value_pb2.AttrValue(b=True))
-        return op
+        return marks.mark(key, 0 if begin else 1, [])
 
-    def computation(i: int, v: tf.Variable) -> tf.Tensor:
+    def computation(i: int, v: tf.Tensor) -> tf.Tensor:
         if kind == "both":
             with tf.control_dependencies([mark(i, True)]):
                 y = tf.matmul(v, v)
         else:
             y = tf.matmul(v, v)
-        if kind in ("end", "both", "end-attr"):
+        if kind in ("end", "both"):
             with tf.control_dependencies([y]):
                 mark(i, False)
         return y
@@ -80,8 +78,16 @@ def child(variant: str, k: int) -> dict:
     def step() -> tf.Tensor:
         outputs = []
         for i, v in enumerate(variables):
-            if in_cond:
-                y = tf.cond(tf.constant(True), lambda i=i, v=v: computation(i, v), lambda v=v: tf.identity(v))
+            if kind == "around":
+                x = tf.identity(v)
+                with tf.control_dependencies([x]):
+                    begin = mark(i, True)
+                y = tf.cond(tf.constant(True), lambda x=x: tf.matmul(x, x), lambda x=x: tf.identity(x))
+                with tf.control_dependencies([y, begin]):
+                    mark(i, False)
+            elif in_cond:
+                x = tf.identity(v)
+                y = tf.cond(tf.constant(True), lambda i=i, x=x: computation(i, x), lambda x=x: tf.identity(x))
             else:
                 y = computation(i, v)
             outputs.append(y)

@@ -221,9 +221,13 @@ class CollectiveRecords:
         when the graph is built (the process set has this rank and more than one); where it is false
         the branch never runs, and nothing is marked. Inside a function graph with native marks only;
         an all-reduce whose shapes are not all known now keeps its marks inside."""
+        def tensors(value: Any) -> list[Any]:
+            return [t for t in tf.nest.flatten(value, expand_composites=True) if isinstance(t, tf.Tensor)]
+
         graph = tf.compat.v1.get_default_graph()
         if self.native is None or tf.executing_eagerly() or not getattr(graph, "building_function", False) \
-                or not getattr(graph, "_add_control_dependencies", False):
+                or not getattr(graph, "_add_control_dependencies", False) \
+                or not all(t.graph is graph for t in tensors(inputs)):
             return build()
         outside = _Outside(graph)
         previous = getattr(self._outside, "cond", None)
@@ -238,9 +242,6 @@ class CollectiveRecords:
 
         def key(members: list[int]) -> int:
             return members[0] if len(members) == 1 else self._group_key(members)
-
-        def tensors(value: Any) -> list[Any]:
-            return [t for t in tf.nest.flatten(value, expand_composites=True) if isinstance(t, tf.Tensor)]
 
         def mark() -> None:
             with tf.control_dependencies(None):

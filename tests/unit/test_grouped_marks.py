@@ -77,7 +77,7 @@ def test_a_function_graphs_broadcasts_are_two_marks_and_each_is_still_recorded(m
     traced = Traced(tmp_path, marks)
     made = marks.ops_made
 
-    @tf.function
+    @tf.function(autograph=False)  # memdiag's wrappers run its hooks unconverted
     def set_up():
         for i, v in enumerate(variables):
             _broadcast(traced.hooks, f"var_{i}", v)
@@ -109,7 +109,7 @@ def test_broadcasts_of_shapes_known_only_when_run_keep_a_mark_each(marks, tmp_pa
     traced = Traced(tmp_path, marks)
     made = marks.ops_made
 
-    @tf.function(input_signature=[tf.TensorSpec([None])])
+    @tf.function(input_signature=[tf.TensorSpec([None])], autograph=False)
     def set_up(x):
         outputs = []
         for i in range(3):
@@ -131,7 +131,7 @@ def test_one_op_of_many_tensors_is_two_marks_per_call_and_each_tensor_is_recorde
     traced = Traced(tmp_path, marks)
     made = marks.ops_made
 
-    @tf.function
+    @tf.function(autograph=False)  # memdiag's wrappers run its hooks unconverted
     def step(x):
         tensors = [tf.reshape(x, [4, 2]) * float(i + 1) for i in range(3)]
         tensors.append(tf.reshape(x, [8]))
@@ -198,7 +198,7 @@ def _cond_step(hooks, runs: bool, tensors: int = 1):
         return hooks._outside_cond(lambda: tf.cond(tf.constant(runs), branch, lambda: grads[0] if tensors == 1 else grads),
                                    grads, runs)
 
-    @tf.function
+    @tf.function(autograph=False)  # memdiag's wrappers run its hooks unconverted
     def step(x):
         reduced = [reduce(i, tf.reshape(x, [2, 4]) + float(i)) for i in range(3)]
         return tf.add_n([tf.reduce_sum(r) for r in tf.nest.flatten(reduced)])

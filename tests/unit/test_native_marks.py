@@ -43,7 +43,8 @@ def _step(hooks, collectives: int, dynamic: bool = False):
     ``dynamic``, the tensors' first dimension is known only when the step runs."""
     from memdiag.agent.naming import Origin
 
-    @tf.function(input_signature=[tf.TensorSpec([None] if dynamic else [32])])
+    # autograph off, as memdiag's wrappers run its hooks (unconverted) inside a script's tf.function
+    @tf.function(input_signature=[tf.TensorSpec([None] if dynamic else [32])], autograph=False)
     def step(x):
         outputs = []
         for i in range(collectives):
