@@ -6,6 +6,7 @@ script seeds itself. Each variable is read as :mod:`memdiag.agent.parameters` re
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -41,12 +42,11 @@ class ParameterRecords:
 
     def record_initial(self) -> None:
         """Before the first update: equal between two runs only if the script seeds itself."""
-        def record(values: dict[str, np.ndarray[Any, Any]]) -> None:
+        def record(values: Iterator[tuple[str, np.ndarray[Any, Any]]]) -> None:
             def write() -> None:
+                digest, count = parameters.digest_and_save(self.initial_path or None, values)
                 self.tracer.writer.add(ParamsInitialRecord(type="params_initial", step=self.tracer.step,
-                                                           digest=parameters.digest(values), variables=len(values)))
-                if self.initial_path and values:
-                    parameters.save(self.initial_path, values)
+                                                           digest=digest, variables=count))
 
             self.failures.guard("save the initial parameters", write)
 
@@ -54,15 +54,14 @@ class ParameterRecords:
 
     def record_final(self, path: str | None) -> None:
         """A ``params_final`` record of the captured variables' last values, and (``path``) the values
-        saved there; what cannot be read is left out and counted, never raised."""
+        saved there; what cannot be read is left out and counted, never raised. One variable is read,
+        hashed and written at a time (:func:`memdiag.agent.parameters.digest_and_save`)."""
         def write() -> None:
             if not self.variables:
                 return
             with self.tracer.own_work("read and save the final parameters"):
-                values = self.variables.final()
-                self.tracer.writer.write_now(ParamsFinalRecord(type="params_final", digest=parameters.digest(values),
-                                                               variables=len(values), captured=len(self.variables)))
-                if path is not None and values:
-                    parameters.save(path, values)
+                digest, count = parameters.digest_and_save(path, self.variables.final_items())
+                self.tracer.writer.write_now(ParamsFinalRecord(type="params_final", digest=digest,
+                                                               variables=count, captured=len(self.variables)))
 
         self.failures.guard("save the final parameters", write)

@@ -61,10 +61,10 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 import memdiag.agent.parameters as parameters
 
-def broken(values):
+def broken(*args):
     raise RuntimeError("digest broken on purpose")
 
-parameters.digest = broken  # memdiag's bookkeeping fails; the script's training must not
+parameters.digest_and_save = broken  # memdiag's bookkeeping fails; the script's training must not
 hvd.init()
 table = tf.Variable(tf.ones([8, 2]))
 for _ in range(2):

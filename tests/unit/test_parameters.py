@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from memdiag.agent.parameters import ParameterCapture, digest
+from memdiag.agent.parameters import ParameterCapture, digest, digest_and_save
 
 
 def capture() -> tuple[ParameterCapture, list[tuple[str, BaseException]]]:
@@ -18,7 +18,7 @@ def test_eager_variables_are_read_at_once_and_at_the_end():
     a = tf.Variable([1.0, 2.0], name="a")
     params.add("a:0", a)
     initial: list[dict] = []
-    params.initial(initial.append)
+    params.initial(lambda values: initial.append(dict(values)))
     a.assign([5.0, 6.0])
     assert [list(v) for v in initial[0].values()] == [[1.0, 2.0]]
     np.testing.assert_array_equal(params.final()["a:0"], [5.0, 6.0])
@@ -44,7 +44,7 @@ def test_a_graphs_variables_are_read_through_its_session_after_initialisation_an
         with tf.Graph().as_default():
             v = tf.compat.v1.get_variable("v", [3], initializer=tf.compat.v1.ones_initializer())
             params.add("v:0", v)
-            params.initial(initial.append)
+            params.initial(lambda values: initial.append(dict(values)))
             assert initial == []  # not initialized yet: nothing to read before a session runs
             step = v.assign_add(tf.ones([3]))
             with tf.compat.v1.Session() as session:
@@ -84,3 +84,36 @@ def test_the_digest_is_exact_and_in_name_order():
     assert digest(one) == digest(other)
     assert digest({**one, "b": np.array([1.0000001], np.float32)}) != digest(one)
     assert digest({}) is None
+
+
+def test_values_are_hashed_and_saved_one_at_a_time_as_digest_and_save_give_them(tmp_path):
+    # GIVEN three variables' values, read lazily as the saver reaches each
+    from memdiag.analyze.verify import load_parameters
+
+    arrays = {"a:0": np.arange(6, dtype=np.float32).reshape(2, 3), "b:0": np.float32(7.0),
+              "c:0": np.ones([4], dtype=np.int64)}
+    alive: list[int] = []
+    import weakref
+
+    def lazily():
+        refs = []
+        for name in sorted(arrays):
+            alive.append(sum(ref() is not None for ref in refs))  # earlier copies still held when this is read
+            value = np.array(arrays[name])  # a copy of its own, as a variable's read is
+            refs.append(weakref.ref(value))
+            yield name, value
+            del value
+
+    path = tmp_path / "params.npz"
+    got, count = digest_and_save(str(path), lazily())
+    # THEN no earlier value is held when the next is read
+    assert alive == [0, 0, 0]
+    # AND the digest is the one of all the values at once, the file holds them all under their names
+    assert (got, count) == (digest({k: np.asarray(v) for k, v in arrays.items()}), 3)
+    loaded = load_parameters(str(path))
+    assert sorted(loaded) == ["a:0", "b:0", "c:0"]
+    np.testing.assert_array_equal(loaded["a:0"], arrays["a:0"])
+    np.testing.assert_array_equal(loaded["b:0"], arrays["b:0"])
+    # AND with no values, no digest and no file
+    assert digest_and_save(str(tmp_path / "none.npz"), iter([])) == (None, 0)
+    assert not (tmp_path / "none.npz").exists()
