@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 # The Python that runs memdiag and the scripts under test: pytest's own, or another environment's
@@ -120,3 +121,16 @@ def run_ranks(size: int, body, timeout_s: float = 5.0):
     for thread in threads:
         thread.join(30)
     return results, agreements
+
+
+def native_marks(tmp_path_factory) -> Any:
+    """memdiag's native mark op, loaded: the package's library, or where it is missing or older than its
+    source, one built for the tests (as scripts/setup.sh builds it into the package)."""
+    from memdiag import nativemarks
+
+    library = nativemarks.LIBRARY
+    built = nativemarks.BUILT_FOR
+    if not library.exists() or not built.exists() or built.stat().st_mtime < nativemarks.SOURCE.stat().st_mtime:
+        library = tmp_path_factory.mktemp("native") / "_memdiag_mark.so"
+        assert nativemarks.build(library) is None
+    return nativemarks.Marks(library)

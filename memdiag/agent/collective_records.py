@@ -42,7 +42,7 @@ class _Outside:
 
 class _SetUpGroup:
     """The broadcasts of one function graph being built (a script's set-up: ``broadcast_variables``
-    broadcasts each variable, and a mark is a node the graph keeps, about 50 KB of a rank's peak each:
+    broadcasts each variable, and a mark is a node the graph keeps, about 25 KB of a rank's peak each outside a cond:
     probes/mark_node_cost.py): one begin mark, made at the first, that each broadcast waits for, as its
     own would have been (a mark of known shapes has no inputs: it runs when the graph starts), and one
     end mark made when the graph's building ends, after every broadcast's output. Each broadcast keeps

@@ -15,20 +15,14 @@ from memdiag import nativemarks
 from memdiag.agent.sampler import MemorySampler
 from memdiag.agent.tracer import Tracer
 from memdiag.format.writer import RecordWriter
-from tests.helpers import read_records
+from tests.helpers import native_marks, read_records
 
 tf = pytest.importorskip("tensorflow")
 
 
 @pytest.fixture(scope="module")
 def marks(tmp_path_factory) -> nativemarks.Marks:
-    """The op, built once for the tests (as scripts/setup.sh builds it into the package)."""
-    library = nativemarks.LIBRARY
-    built = nativemarks.BUILT_FOR
-    if not library.exists() or not built.exists() or built.stat().st_mtime < nativemarks.SOURCE.stat().st_mtime:
-        library = tmp_path_factory.mktemp("native") / "_memdiag_mark.so"
-        assert nativemarks.build(library) is None
-    return nativemarks.Marks(library)
+    return native_marks(tmp_path_factory)
 
 
 def _hooks(tracer: Tracer):
