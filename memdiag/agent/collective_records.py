@@ -198,9 +198,12 @@ class CollectiveRecords:
             return
         from memdiag.nativemarks import END
 
-        key = self._group_key([k for k, _ in group.ends])
-        with graph.as_default(), tf.control_dependencies(None), tf.control_dependencies([o for _, o in group.ends]):
-            self.native.mark(key, END, [])
+        def mark() -> None:
+            key = self._group_key([k for k, _ in group.ends])
+            with graph.as_default(), tf.control_dependencies(None), tf.control_dependencies([o for _, o in group.ends]):
+                self.native.mark(key, END, [])
+
+        self._guard("mark the end of a graph's broadcasts", mark)  # counted: a warning in the report
 
     def _native_fits(self, tensors: Any) -> bool:
         """Whether native marks are on and every tensor's shape fits a native record (a known rank of
