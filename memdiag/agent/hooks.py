@@ -364,13 +364,12 @@ class CollectiveHooks(CollectiveRecords):
         signature = calls.signature(original)
 
         def cond(tensor, *args, **kwargs):
-            try:
-                arguments = calls.bind(signature, (tensor, *args), kwargs)
-                process_set = arguments.get("process_set")
-                if process_set is None or int(os.environ.get("HOROVOD_ELASTIC", 0) or 0):
-                    raise LookupError("the predicate is not known when the graph is built")
-                runs = bool(process_set.included() and process_set.size() > 1)
-            except Exception:  # noqa: BLE001 - marked inside the cond, as any other collective
+            runs = None  # the predicate, where it is known when the graph is built
+            with contextlib.suppress(Exception):  # unknown: marked inside the cond, as any other collective
+                process_set = calls.bind(signature, (tensor, *args), kwargs).get("process_set")
+                if process_set is not None and not int(os.environ.get("HOROVOD_ELASTIC", 0) or 0):
+                    runs = bool(process_set.included() and process_set.size() > 1)
+            if runs is None:
                 return original(tensor, *args, **kwargs)
             return self._outside_cond(lambda: original(tensor, *args, **kwargs), tensor, runs)
 

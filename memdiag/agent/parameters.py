@@ -22,26 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import threading
 import weakref
-import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-
-@dataclass(frozen=True)
-class _Snapshot:
-    """A variable's value read earlier, in the form :func:`memdiag.workloads.loop.save_parameters` takes."""
-
-    value: np.ndarray[Any, Any]
-
-    def numpy(self) -> np.ndarray[Any, Any]:
-        return self.value
 
 
 class ParameterCapture:
@@ -101,6 +88,7 @@ class ParameterCapture:
             value = self._read(eager[name])
             if value is not None:
                 yield name, value
+            del value  # not held while the next is read
 
     def read_eager(self) -> dict[str, np.ndarray[Any, Any]]:
         """Every variable that has an eager value, read now."""
@@ -129,6 +117,7 @@ class ParameterCapture:
                 value = self._from_session.get(name)
             if value is not None:
                 yield name, value
+            del value  # not held while the next is read
 
     def final(self) -> dict[str, np.ndarray[Any, Any]]:
         """The last values: eager variables read now, graph variables as their session left them."""
@@ -201,42 +190,23 @@ def digest(values: dict[str, np.ndarray[Any, Any]]) -> str | None:
     return h.hexdigest()
 
 
-def save(path: str, values: dict[str, np.ndarray[Any, Any]]) -> None:
-    """The values to ``path`` in the run directory's parameter format."""
-    from memdiag.workloads.loop import save_parameters
-
-    names = sorted(values)
-    save_parameters(path, [_Snapshot(values[name]) for name in names], names)
-
-
 def digest_and_save(path: str | None, values: Iterable[tuple[str, np.ndarray[Any, Any]]]) -> tuple[str | None, int]:
     """:func:`digest` of ``values`` ((name, value) in name order), and with ``path`` the values saved there
-    as :func:`save` saves them, one value at a time: a value read lazily (``each_eager``) is held only
-    while it is hashed and written, so memdiag adds one variable's copy to the rank, not the model's
-    (on ResNet50, 98 MiB). Returns the digest (None: no values) and how many values there were."""
+    (:func:`memdiag.workloads.loop.save_arrays`), one value at a time: a value read lazily
+    (``each_eager``) is held only while it is hashed and written, so memdiag adds one variable's copy to
+    the rank, not the model's (on ResNet50, 98 MiB). Returns the digest (None: no values) and how many
+    values there were."""
+    from memdiag.workloads.loop import save_arrays
+
     h = hashlib.blake2b(digest_size=16)
-    count = 0
-    tmp = None if path is None else path + ".tmp"
-    archive: zipfile.ZipFile | None = None
-    try:
+
+    def hashed() -> Iterator[tuple[str, np.ndarray[Any, Any]]]:
         for name, value in values:
-            array = np.ascontiguousarray(value)
-            data = array.reshape(-1).view(np.uint8).data
-            h.update(data)
-            if tmp is not None:
-                if archive is None:
-                    archive = zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True)
-                with archive.open(f"{count:04d}:{name}.npy", "w", force_zip64=True) as member:
-                    np.lib.format.write_array_header_1_0(  # type: ignore[no-untyped-call]
-                        member, np.lib.format.header_data_from_array_1_0(array))  # type: ignore[no-untyped-call]
-                    member.write(data)
-            count += 1
-            del array, data, value  # before the next is read
-    finally:
-        if archive is not None:
-            archive.close()
-    if archive is not None and path is not None and tmp is not None:
-        os.replace(tmp, path)
+            h.update(np.ascontiguousarray(value).reshape(-1).view(np.uint8).data)
+            yield name, value
+            del value  # not held while the next is read
+
+    count = sum(1 for _ in hashed()) if path is None else save_arrays(path, hashed(), empty=False)
     return (h.hexdigest() if count else None), count
 
 

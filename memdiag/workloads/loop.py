@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,21 +119,41 @@ def variable_name(var: Any) -> str:
 
 def save_parameters(path: str, variables: list[Any], names: list[str] | None = None) -> None:
     """``variables`` to ``path`` as "INDEX:NAME" arrays of an .npz archive (what np.savez writes and
-    np.load reads), named by :func:`variable_name` unless ``names`` says otherwise.
-
-    One variable is read at a time and written from its own buffer, so the save holds one copy of one
-    variable and no buffers of its own: np.savez holds every array at once and copies each through
-    16 MiB chunks, which glibc keeps (that way the save peaked above all the arrays together and RSS
-    stayed a chunk higher; this way, one variable's copy, and back where it began; measured:
-    docs/notes/memory.md#memdiags-own-work-inside-a-step)."""
+    np.load reads), named by :func:`variable_name` unless ``names`` says otherwise; one variable read at a
+    time (:func:`save_arrays`)."""
     names = [variable_name(var) for var in variables] if names is None else names
+    save_arrays(path, ((name, var.numpy()) for name, var in paired(names, variables)))
+
+
+def save_arrays(path: str, arrays: Iterable[tuple[str, Any]], empty: bool = True) -> int:
+    """``arrays`` ((name, value) pairs, taken one at a time) to ``path`` as "INDEX:NAME" arrays of an .npz
+    archive; returns how many. ``empty``: write an archive of none where there are none (else no file).
+
+    Each value is written from its own buffer and let go before the next is taken, so with values read
+    as they are reached (a generator), the save holds one copy of one variable and no buffers of its
+    own: np.savez holds every array at once and copies each through 16 MiB chunks, which glibc keeps
+    (that way the save peaked above all the arrays together and RSS stayed a chunk higher; this way,
+    one variable's copy, and back where it began; measured:
+    docs/notes/memory.md#memdiags-own-work-inside-a-step)."""
     tmp = path + ".tmp"
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
-        for i, (name, var) in enumerate(paired(names, variables)):
-            value = np.asarray(var.numpy(), order="C")  # (ascontiguousarray makes a scalar 1-d)
-            with archive.open(f"{i:04d}:{name}.npy", "w", force_zip64=True) as member:
+    archive: zipfile.ZipFile | None = None
+    count = 0
+    try:
+        for name, value in arrays:
+            array = np.asarray(value, order="C")  # (ascontiguousarray makes a scalar 1-d)
+            if archive is None:
+                archive = zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True)
+            with archive.open(f"{count:04d}:{name}.npy", "w", force_zip64=True) as member:
                 np.lib.format.write_array_header_1_0(  # type: ignore[no-untyped-call]
-                    member, np.lib.format.header_data_from_array_1_0(value))  # type: ignore[no-untyped-call]
-                member.write(value.reshape(-1).view(np.uint8).data)
-            del value  # before the next variable is read
-    os.replace(tmp, path)
+                    member, np.lib.format.header_data_from_array_1_0(array))  # type: ignore[no-untyped-call]
+                member.write(array.reshape(-1).view(np.uint8).data)
+            count += 1
+            del array, value  # before the next is taken
+        if archive is None and empty:
+            archive = zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True)
+    finally:
+        if archive is not None:
+            archive.close()
+    if archive is not None:
+        os.replace(tmp, path)
+    return count
