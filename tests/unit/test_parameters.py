@@ -117,3 +117,11 @@ def test_values_are_hashed_and_saved_one_at_a_time_as_digest_and_save_give_them(
     # AND with no values, no digest and no file
     assert digest_and_save(str(tmp_path / "none.npz"), iter([])) == (None, 0)
     assert not (tmp_path / "none.npz").exists()
+
+
+def test_a_scalar_variable_is_saved_with_its_shape(tmp_path):
+    from memdiag.analyze.verify import load_parameters
+
+    path = tmp_path / "scalar.npz"
+    digest_and_save(str(path), iter([("step:0", np.int64(3)), ("w:0", np.ones([2], np.float32))]))
+    assert {name: value.shape for name, value in load_parameters(str(path)).items()} == {"step:0": (), "w:0": (2,)}
