@@ -57,6 +57,21 @@ class _SetUpGroup:
         self.ends: list[tuple[int, Any]] = []  # (key, output) of each broadcast
 
 
+class _CondEnds:
+    """The all-reduces marked around Horovod's conds in one function graph being built
+    (:meth:`CollectiveRecords._outside_cond`): one end mark for them all, made when the graph's building
+    ends, after every cond's outputs and every begin mark. A gradient reduction is a cond per gradient,
+    and an end mark each would be a node per gradient, about 22 KB of a rank's peak each and a share of
+    the first call's instantiation (probes/mark_node_cost.py); each all-reduce keeps its own begin mark
+    and its own key, and carries the time the last of the graph's completed."""
+
+    __slots__ = ("keys", "waits")
+
+    def __init__(self) -> None:
+        self.keys: list[int] = []  # the end keys of every all-reduce, in the order made
+        self.waits: list[Any] = []  # what the end mark waits for: the conds' outputs and the begin marks
+
+
 class CollectiveRecords:
     """Mixin of the hooks (:class:`memdiag.agent.hooks.CollectiveHooks`) that writes their collective
     records; an engine's hooks may add fields to the records (:meth:`_meta`)."""
@@ -82,6 +97,8 @@ class CollectiveRecords:
         self._last_drain = time.monotonic()
         # The broadcasts of each function graph being built, marked as one group (_SetUpGroup)
         self._set_up: weakref.WeakKeyDictionary[Any, _SetUpGroup] = weakref.WeakKeyDictionary()
+        # The all-reduces marked around Horovod's conds in each function graph being built (_CondEnds)
+        self._cond_ends: weakref.WeakKeyDictionary[Any, _CondEnds] = weakref.WeakKeyDictionary()
         self._closes_set_up = False
         self._set_up_lock = threading.RLock()  # taken before self._lock, never inside it
         self._outside = threading.local()  # .cond: the _Outside of the Horovod cond being built in this thread
@@ -191,19 +208,23 @@ class CollectiveRecords:
             return group
 
     def _close_set_up(self, graph: Any) -> None:
-        """The end of ``graph``'s building: one mark after every broadcast of its group."""
+        """The end of ``graph``'s building: one mark after every broadcast of its group, and one after
+        every all-reduce marked around a cond (_CondEnds)."""
         with self._set_up_lock:
             group = self._set_up.pop(graph, None)
-        if group is None or not group.ends:
-            return
+            conds = self._cond_ends.pop(graph, None)
         from memdiag.nativemarks import END
 
-        def mark() -> None:
-            key = self._group_key([k for k, _ in group.ends])
-            with graph.as_default(), tf.control_dependencies(None), tf.control_dependencies([o for _, o in group.ends]):
+        def end(keys: list[int], waits: list[Any]) -> None:
+            key = keys[0] if len(keys) == 1 else self._group_key(keys)
+            with graph.as_default(), tf.control_dependencies(None), tf.control_dependencies(waits):
                 self.native.mark(key, END, [])
 
-        self._guard("mark the end of a graph's broadcasts", mark)  # counted: a warning in the report
+        if group is not None and group.ends:  # counted where it fails: a warning in the report
+            self._guard("mark the end of a graph's broadcasts",
+                        lambda: end([k for k, _ in group.ends], [o for _, o in group.ends]))
+        if conds is not None and conds.keys:
+            self._guard("mark the end of a graph's all-reduces", lambda: end(conds.keys, conds.waits))
 
     def _native_fits(self, tensors: Any) -> bool:
         """Whether native marks are on and every tensor's shape fits a native record (a known rank of
@@ -217,8 +238,10 @@ class CollectiveRecords:
 
     def _outside_cond(self, build: Callable[[], Any], inputs: Any, runs: bool) -> Any:
         """``build()``: Horovod's ``tf.cond`` of one reduction (``_allreduce_cond``), its all-reduces
-        marked outside the cond, in the graph around it: a begin mark after the cond's inputs and an
-        end mark after its outputs (and the begin). A mark inside a branch makes the cond a stateful
+        marked outside the cond, in the graph around it: a begin mark after the cond's inputs, and one
+        end mark for all the graph's conds, made when its building ends, after their outputs and begins
+        (:class:`_CondEnds`; without the scope's hook, an end mark after each cond's). A mark inside a
+        branch makes the cond a stateful
         ``If``, which TensorFlow instantiates at a far higher cost than the stateless one plain Horovod
         builds (probes/mark_node_cost.py, ``cond-`` variants). ``runs``: the cond's predicate, known
         when the graph is built (the process set has this rank and more than one); where it is false
@@ -250,9 +273,18 @@ class CollectiveRecords:
             with tf.control_dependencies(None):
                 with tf.control_dependencies(tensors(inputs)):
                     begin = self.native.mark(key(outside.begins), BEGIN, [])
-                if outside.ends:
-                    with tf.control_dependencies([*tensors(result), begin]):
-                        self.native.mark(key(outside.ends), END, [])
+                if not outside.ends:
+                    return
+                if self._closes_set_up:  # the graph's end closes them: one end mark for all its conds
+                    with self._set_up_lock:
+                        ends = self._cond_ends.get(graph)
+                        if ends is None:
+                            ends = self._cond_ends[graph] = _CondEnds()
+                        ends.keys += outside.ends
+                        ends.waits += [*tensors(result), begin]
+                    return
+                with tf.control_dependencies([*tensors(result), begin]):
+                    self.native.mark(key(outside.ends), END, [])
 
         self._guard("mark an all-reduce around its cond", mark)
         return result

@@ -282,7 +282,7 @@ class EndRecord(_Record, total=False):
     hwm_bytes: int
     sampler_cpu_s: float | None  # CPU seconds of memdiag's sampling thread (None: it did not end)
     bookkeeping_failures: dict[str, int]  # what memdiag could not do -> how often (absent: nothing failed)
-    mark_ops: int  # native mark ops memdiag added to the job's graphs (two per collective call site traced)
+    mark_ops: int  # native mark ops memdiag added to the job's graphs (docs/reference/records.md)
 
 
 class OwnWorkRecord(_Record, total=False):
