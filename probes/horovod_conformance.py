@@ -9,7 +9,9 @@ probe runs each test file twice on the same ranks, through probes/horovod_suite_
 
 and prints, per file, the outcome counts and exit codes of both, then every test or subtest whose
 outcome differs. Transparency holds where no outcome differs and memdiag exits as plain mpirun does.
-Also printed: wall time and the largest per-rank VmHWM of each, and their ratios.
+Also printed: wall time and the largest per-rank VmHWM of each, and their ratios, and with ``--slowest K``
+the K tests whose calls took rank 0 the most seconds more under memdiag (where a collective-heavy job's
+added time goes).
 
 The tests are not part of memdiag, nor of Horovod's package archive: take them from Horovod's public
 repository at the tag of the installed version (``test/parallel`` and ``test/utils``, with
@@ -79,6 +81,20 @@ def _outcomes(out_dir: str, ranks: int) -> tuple[dict[tuple[int, str, str, str],
     return outcomes, exits, hwm
 
 
+def _durations(out_dir: str) -> dict[str, float]:
+    """Rank 0's seconds per test: its call phases, subtests included."""
+    path = os.path.join(out_dir, "outcomes-rank-0.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        entries = json.load(f)["entries"]
+    seconds: dict[str, float] = collections.defaultdict(float)
+    for entry in entries:
+        if entry.get("when") == "call":
+            seconds[entry["test"]] += float(entry.get("duration_s") or 0.0)
+    return dict(seconds)
+
+
 def _counts(outcomes: dict[tuple[int, str, str, str], str]) -> str:
     """Rank 0's counts, as pytest prints them: tests and subtests apart."""
     tests: collections.Counter[str] = collections.Counter()
@@ -98,6 +114,8 @@ def main() -> int:
     parser.add_argument("--np", type=int, default=2, help="ranks (default 2)")
     parser.add_argument("--out", default="runs/horovod-conformance", help="where logs and run directories go")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    parser.add_argument("--slowest", type=int, default=0, metavar="K",
+                        help="list the K tests with the most seconds added under memdiag (rank 0)")
     args = parser.parse_args()
     parallel = os.path.join(args.horovod_src, "test", "parallel")
     if not os.path.isdir(parallel):
@@ -111,6 +129,7 @@ def main() -> int:
     for column in ("plain mpirun", "exit", "memdiag run", "exit", "differing", "wall ratio", "VmHWM ratio"):
         table.add_column(column)
     differences: list[str] = []
+    added: list[tuple[float, str, float, float]] = []  # (seconds added, test, plain, memdiag)
     for name in [f.strip() for f in args.files.split(",") if f.strip()]:
         test_file = os.path.join(parallel, name)
         stem = name.removesuffix(".py")
@@ -125,6 +144,9 @@ def main() -> int:
         plain, plain_exits, plain_hwm = _outcomes(plain_out, args.np)
         under, under_exits, under_hwm = _outcomes(memdiag_out, args.np)
         differing = sorted(k for k in set(plain) | set(under) if plain.get(k) != under.get(k))
+        plain_tests, under_tests = _durations(plain_out), _durations(memdiag_out)
+        added += [(under_tests[t] - plain_tests[t], t, plain_tests[t], under_tests[t])
+                  for t in set(plain_tests) & set(under_tests)]
         if plain_code != memdiag_code:
             differences.append(f"{name}: plain mpirun exited {plain_code}, memdiag run {memdiag_code}")
         for rank, test, subtest, when in differing:
@@ -137,6 +159,15 @@ def main() -> int:
                       f"{under_hwm / plain_hwm:.2f} ({plain_hwm / 2**20:.0f} / {under_hwm / 2**20:.0f} MiB)"
                       if plain_hwm and under_hwm else "-")
     console.print(table)
+    if args.slowest and added:
+        slow = Table(title=f"The {args.slowest} tests with the most seconds added under memdiag (rank 0, call phases)")
+        for column in ("test", "plain", "memdiag", "added"):
+            slow.add_column(column, justify="left" if column == "test" else "right")
+        for extra, test, before, after in sorted(added, reverse=True)[:args.slowest]:
+            slow.add_row(test, f"{before:.2f} s", f"{after:.2f} s", f"{extra:+.2f} s")
+        total_plain, total_under = sum(a[2] for a in added), sum(a[3] for a in added)
+        slow.add_row("all tests", f"{total_plain:.1f} s", f"{total_under:.1f} s", f"{total_under - total_plain:+.1f} s")
+        console.print(slow)
     for line in differences:
         console.print(line, markup=False)
     if not differences:

@@ -4,8 +4,8 @@
     memdiag run probes/horovod_suite_runner.py -n 2 -- TEST_FILE OUT_DIR
 
 Each rank calls ``pytest.main`` on TEST_FILE and writes ``OUT_DIR/outcomes-rank-K.json``: one entry per
-test and per subtest (node id, subtest description, phase, outcome), so that two runs can be compared
-test by test (probes/horovod_conformance.py). The exit status is pytest's.
+test and per subtest (node id, subtest description, phase, outcome, duration), so that two runs can be
+compared test by test (probes/horovod_conformance.py). The exit status is pytest's.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ class _Outcomes:
         outcome = report.outcome
         if getattr(report, "wasxfail", None) is not None:
             outcome = "xfailed" if report.skipped else "xpassed"
-        self.entries.append({"test": report.nodeid, "subtest": subtest, "when": report.when, "outcome": outcome})
+        self.entries.append({"test": report.nodeid, "subtest": subtest, "when": report.when, "outcome": outcome,
+                             "duration_s": round(float(getattr(report, "duration", 0.0) or 0.0), 4)})
 
 
 def _vmhwm() -> int | None:
