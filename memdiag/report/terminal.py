@@ -232,8 +232,8 @@ def own_memory_line(summary: RunSummary) -> str | None:
         line += f", {format_bytes(ring)} of it the native marks' ring"
     ops = max((r.get("mark_ops") or 0 for r in summary["ranks"]), default=0)
     if ops:
-        line += (f"; it added {ops} mark ops to the job's graphs (at most two per collective in each graph traced), whose memory is "
-                 "in the steps' figures and not measured per run (docs/explanation/overhead.md)")
+        line += (f"; it added {ops} mark ops to the job's graphs (at most two per collective in each graph traced), "
+                 "whose memory is in the steps' figures and not measured per run (docs/explanation/overhead.md)")
     return line
 
 
