@@ -330,16 +330,25 @@ class Tracer:
                 del self._pending[key]
 
     def report_long_wait(self, after_s: float = 2.0) -> None:
-        """Record, once each, collectives not completed after ``after_s`` (a hang in the making)."""
+        """Record a collective not completed after ``after_s`` (a hang in the making): the one receiving
+        the most bytes of those overdue, and nothing more while it is still pending; once it completes,
+        the next overdue. A hang's report reads a rank's last such record (memdiag.analyze.failure).
+        Collectives marked as one group complete together (a function graph's all-reduces in Horovod's
+        conds end with the graph's last), so a step whose reduction spans longer than ``after_s``
+        leaves one record, not one per collective."""
         self._drained()
         with self._lock:
+            if any(key in self._pending for key in self._reported_waits):
+                return
             now = time.time()
-            for key, pending in self._pending.items():
-                if key not in self._reported_waits and now - pending["since"] >= after_s:
-                    self._reported_waits.add(key)
-                    self.writer.add(WaitingRecord(type="waiting", step=self.step, op=pending["op"], name=pending["name"],
-                                                  part=pending["part"], bytes_out=pending["bytes_out"],
-                                                  since=pending["since"]))
+            overdue = [(key, pending) for key, pending in self._pending.items()
+                       if key not in self._reported_waits and now - pending["since"] >= after_s]
+            if not overdue:
+                return
+            key, pending = max(overdue, key=lambda item: item[1]["bytes_out"])
+            self._reported_waits.add(key)
+            self.writer.add(WaitingRecord(type="waiting", step=self.step, op=pending["op"], name=pending["name"],
+                                          part=pending["part"], bytes_out=pending["bytes_out"], since=pending["since"]))
 
     def in_flight(self) -> InFlight | None:
         """The collective this rank is inside now: of those started and not completed, the one
