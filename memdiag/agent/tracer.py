@@ -328,6 +328,7 @@ class Tracer:
         with self._lock:
             for key in [k for k in self._pending if k[:2] == (op, name)]:
                 del self._pending[key]
+                self._reported_waits.discard(key)
 
     def report_long_wait(self, after_s: float = 2.0) -> None:
         """Record a collective not completed after ``after_s`` (a hang in the making): the one receiving

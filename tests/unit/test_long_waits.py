@@ -46,3 +46,19 @@ def test_one_wait_at_a_time_the_largest_overdue_then_the_next_once_it_completes(
         tracer.collective(_meta(name), [16], [16])
     tracer.report_long_wait()
     assert _waits(writer, path) == [(0, "large"), (0, "middle")]
+
+
+def test_a_collective_abandoned_while_overdue_is_recorded_again_when_it_is_overdue_again(tmp_path):
+    # GIVEN an overdue collective, recorded as a wait, that Horovod then refused (abandoned, never run)
+    path = tmp_path / "rank-0.jsonl"
+    writer = RecordWriter(str(path), 0)
+    tracer = Tracer(writer, MemorySampler(), 0, auto_steps=False)
+    tracer.begin_step(0)
+    tracer.begin_collective(_meta("grad"), 64, in_graph=True, t=time.time() - 3.0)
+    tracer.report_long_wait()
+    tracer.abandon_collective("allreduce", "grad")
+    # WHEN the same collective starts again and is overdue again
+    tracer.begin_collective(_meta("grad"), 64, in_graph=True, t=time.time() - 3.0)
+    tracer.report_long_wait()
+    # THEN it is recorded again: the hang's report must find it
+    assert _waits(writer, path) == [(0, "grad"), (0, "grad")]
