@@ -99,8 +99,8 @@ class CollectiveRecords:
         self._set_up: weakref.WeakKeyDictionary[Any, _SetUpGroup] = weakref.WeakKeyDictionary()
         # The all-reduces marked around Horovod's conds in each function graph being built (_CondEnds)
         self._cond_ends: weakref.WeakKeyDictionary[Any, _CondEnds] = weakref.WeakKeyDictionary()
-        self._closes_set_up = False
-        self._set_up_lock = threading.RLock()  # taken before self._lock, never inside it
+        self._closes_graphs = False
+        self._groups_lock = threading.RLock()  # taken before self._lock, never inside it
         self._outside = threading.local()  # .cond: the _Outside of the Horovod cond being built in this thread
 
     # -- native marks ---------------------------------------------------------------------------------
@@ -114,14 +114,14 @@ class CollectiveRecords:
         self._keys = keys
         self.tracer.drain = self.drain
         self.tracer.sampler.before_sample = self.drain_when_due
-        if not self._closes_set_up:
-            graphcalls.at_scope_exit(self._close_set_up)
-            self._closes_set_up = True
+        if not self._closes_graphs:
+            graphcalls.at_scope_exit(self._close_graph)
+            self._closes_graphs = True
 
     def stop_native(self) -> None:
         """No more native marks in graphs built from now on (the hooks are uninstalled)."""
-        graphcalls.no_scope_exit(self._close_set_up)
-        self._closes_set_up = False
+        graphcalls.no_scope_exit(self._close_graph)
+        self._closes_graphs = False
 
     def drain_when_due(self) -> None:
         """The sampler thread's drain: at every wake (``record_every_s`` 0, the default), else once that
@@ -199,7 +199,7 @@ class CollectiveRecords:
             return None  # a TF1 graph runs only what is fetched; without the scope nothing closes the group
         from memdiag.nativemarks import BEGIN
 
-        with self._set_up_lock:
+        with self._groups_lock:
             group = self._set_up.get(graph)
             if group is None and begin:
                 key = self._group_key([])
@@ -207,10 +207,10 @@ class CollectiveRecords:
                     group = self._set_up[graph] = _SetUpGroup(key, self.native.mark(key, BEGIN, []))
             return group
 
-    def _close_set_up(self, graph: Any) -> None:
+    def _close_graph(self, graph: Any) -> None:
         """The end of ``graph``'s building: one mark after every broadcast of its group, and one after
         every all-reduce marked around a cond (_CondEnds)."""
-        with self._set_up_lock:
+        with self._groups_lock:
             group = self._set_up.pop(graph, None)
             conds = self._cond_ends.pop(graph, None)
         from memdiag.nativemarks import END
@@ -241,10 +241,10 @@ class CollectiveRecords:
         marked outside the cond, in the graph around it: a begin mark after the cond's inputs, and one
         end mark for all the graph's conds, made when its building ends, after their outputs and begins
         (:class:`_CondEnds`; without the scope's hook, an end mark after each cond's). A mark inside a
-        branch makes the cond a stateful
-        ``If``, which TensorFlow instantiates at a far higher cost than the stateless one plain Horovod
-        builds (probes/mark_node_cost.py, ``cond-`` variants). ``runs``: the cond's predicate, known
-        when the graph is built (the process set has this rank and more than one); where it is false
+        branch makes the cond a stateful ``If``, which TensorFlow instantiates at a far higher cost than
+        the stateless one plain Horovod builds (probes/mark_node_cost.py, ``cond-`` variants). ``runs``:
+        the cond's predicate, known when the graph is built (the process set has this rank and more than
+        one); where it is false
         the branch never runs, and nothing is marked. Inside a function graph with native marks only;
         an all-reduce whose shapes are not all known now keeps its marks inside."""
         def tensors(value: Any) -> list[Any]:
@@ -275,8 +275,8 @@ class CollectiveRecords:
                     begin = self.native.mark(key(outside.begins), BEGIN, [])
                 if not outside.ends:
                     return
-                if self._closes_set_up:  # the graph's end closes them: one end mark for all its conds
-                    with self._set_up_lock:
+                if self._closes_graphs:  # the graph's end closes them: one end mark for all its conds
+                    with self._groups_lock:
                         ends = self._cond_ends.get(graph)
                         if ends is None:
                             ends = self._cond_ends[graph] = _CondEnds()
@@ -385,9 +385,9 @@ class CollectiveRecords:
             return output
         set_up = self._set_up_group(op, [tensor, output])
         if set_up is not None:
-            # ended with the graph's other broadcasts: one mark after them all (_close_set_up)
+            # ended with the graph's other broadcasts: one mark after them all (_close_graph)
             key = self._native_key(op, meta, 0, [static_shape(tensor), static_shape(output)])
-            with self._set_up_lock:
+            with self._groups_lock:
                 set_up.ends.append((key, output))
             return output
         # A static shape is a constant that would let the record run before the collective:

@@ -90,10 +90,6 @@ class ParameterCapture:
                 yield name, value
             del value  # not held while the next is read
 
-    def read_eager(self) -> dict[str, np.ndarray[Any, Any]]:
-        """Every variable that has an eager value, read now."""
-        return dict(self.each_eager())
-
     def initial(self, record: Callable[[Iterator[tuple[str, np.ndarray[Any, Any]]]], None],
                 span: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext) -> None:
         """``record(values)`` once, with the values before the first update, (name, value) in name
