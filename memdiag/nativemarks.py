@@ -16,6 +16,7 @@ through Python, and the rank's start record says which, and why (``marks``).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -171,6 +172,24 @@ class Marks:
         self.ops_made += 1
         return op
 
+    @property
+    def through(self) -> bool:
+        """Whether the library has the mark that hands tensors on (:meth:`mark_through`); one built from an
+        earlier mark_op.cc has not."""
+        return hasattr(self._ops, "memdiag_mark_through")
+
+    def mark_through(self, key: int, kind: int, through: list[Any], shapes: list[Any],
+                     record: list[int]) -> list[Any]:
+        """The op marking ``key`` with ``shapes`` (as :meth:`mark`) and then the run-time shapes of the
+        tensors of ``through`` listed in ``record``; its outputs, returned, are ``through`` handed on (the
+        same buffers). For a graph that runs only what is fetched (a TF1 graph): fetching an output runs
+        the mark, with no Identity and no Shape op beside it. A gradient passes through unchanged."""
+        _register_through_gradient()
+        outputs = self._ops.memdiag_mark_through(through=list(through), shapes=list(shapes), key=key, kind=kind,
+                                                 record=list(record))
+        self.ops_made += 1
+        return list(outputs)
+
     def pending(self) -> int:
         """How many records were written since the last read (those a lapped ring lost included)."""
         return int(self._c.memdiag_ring_head()) - self._next
@@ -186,6 +205,24 @@ class Marks:
         self.lost += (first - self._next) + (last - first + 1 - n)  # overwritten before they were read
         self._next = last + 1
         return records
+
+
+_THROUGH_GRADIENT: list[bool] = []
+
+
+def _register_through_gradient() -> None:
+    """The gradient of MemdiagMarkThrough, once in a process: each output's gradient goes to the input it
+    hands on unchanged, as an Identity's does; the shapes it records have none."""
+    if _THROUGH_GRADIENT:
+        return
+    import tensorflow as tf
+
+    def gradient(op: Any, *grads: Any) -> list[Any]:
+        return [*grads, *([None] * (len(op.inputs) - len(grads)))]
+
+    with contextlib.suppress(KeyError):  # registered already (a second Marks in one process)
+        tf.RegisterGradient("MemdiagMarkThrough")(gradient)
+    _THROUGH_GRADIENT.append(True)
 
 
 def shape(record: npt.NDArray[np.int64] | list[int], i: int) -> list[int] | None:

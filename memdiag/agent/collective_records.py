@@ -102,6 +102,7 @@ class CollectiveRecords:
         self._closes_graphs = False
         self._groups_lock = threading.RLock()  # taken before self._lock, never inside it
         self._outside = threading.local()  # .cond: the _Outside of the Horovod cond being built in this thread
+        self._begun_shapes = threading.local()  # .made: the Shape ops of the begin being built (_shapes)
 
     # -- native marks ---------------------------------------------------------------------------------
     def use_native(self, marks: Any, record_every_s: float = 0.0, keys: replay.KeysFile | None = None) -> None:
@@ -236,6 +237,31 @@ class CollectiveRecords:
         ranks = [tensor.shape.rank for tensor in tensors]
         return all(rank is not None and rank <= MAX_VALUES for rank in ranks)
 
+    def _shapes(self, begin: bool = False) -> dict[Any, Any]:
+        """The shape ops made for the begin marks of the collective being built in this thread, by tensor
+        (:func:`mark_inputs`), so that its end reads its input's shape from the same op; a ``begin`` starts
+        them anew. Only from a begin to its end: an op made in one control-dependency or control-flow
+        context is not handed to another (in a TF1 graph a session would run what it waits for)."""
+        if begin or getattr(self._begun_shapes, "made", None) is None:
+            self._begun_shapes.made = {}
+        made: dict[Any, Any] = self._begun_shapes.made
+        return made
+
+    def _through(self, tensors: list[Any], outputs: list[Any]) -> bool:
+        """Whether ``outputs`` are marked on their path (:meth:`memdiag.nativemarks.Marks.mark_through`):
+        native marks that can, in a graph that runs only what is fetched (where :func:`after` would hand
+        them on through an Identity), every tensor's shape fitting a record, every output a tensor of
+        values (not a reference, a resource or a variant)."""
+        if self.native is None or not getattr(self.native, "through", False) or not self._native_fits(tensors):
+            return False
+        for output in outputs:
+            if not isinstance(output, tf.Tensor) or getattr(output.graph, "_add_control_dependencies", False):
+                return False
+            dtype = output.dtype
+            if dtype._is_ref_dtype or dtype in (tf.resource, tf.variant):  # noqa: SLF001 - TensorFlow's own test
+                return False
+        return True
+
     def _outside_cond(self, build: Callable[[], Any], inputs: Any, runs: bool) -> Any:
         """``build()``: Horovod's ``tf.cond`` of one reduction (``_allreduce_cond``), its all-reduces
         marked outside the cond, in the graph around it: a begin mark after the cond's inputs, and one
@@ -317,6 +343,7 @@ class CollectiveRecords:
             begin(*[tensor.shape for _, tensor in items])
             return []
         tensors = [tensor for _, tensor in items]
+        self._shapes(begin=True)  # the shape ops of the begin before this one are not this end's
         outside = self._outside_cond_fits(op, tensors)
         if outside is not None:
             outside.begins += [self._native_key(op, meta, world_size, [static_shape(tensor)])
@@ -339,8 +366,9 @@ class CollectiveRecords:
             # one mark per tensor: a record holds a few shapes; a shape known now is kept with the key,
             # not made an op (a constant under a control dependency is a node that runs every step)
             marks = []
+            made = self._shapes()
             for meta, tensor in zip(metas, tensors):
-                static, inputs = mark_inputs([tensor])
+                static, inputs = mark_inputs([tensor], made)
                 marks.append(self.native.mark(self._native_key(op, meta, world_size, static), BEGIN, inputs))
             return marks
         shapes = [tf.shape(tensor, out_type=tf.int64) for _, tensor in items]
@@ -365,7 +393,8 @@ class CollectiveRecords:
 
     def _record(self, op: str, origin: Origin, tensor: Any, output: Any, grouped: bool) -> Any:
         """Record the collective (at run time in a graph); the output to hand on: ``output`` itself, or
-        in a TF1 graph, where only what is fetched runs, an identity of it that waits for the record."""
+        in a TF1 graph, where only what is fetched runs, the output handed on by the native mark
+        (:meth:`_through`) or an identity of it that waits for the record."""
         meta = self._meta(op, origin, tensor, grouped)
         if tf.executing_eagerly():
             self.tracer.collective(meta, static_shape(tensor), static_shape(output))
@@ -390,13 +419,21 @@ class CollectiveRecords:
             with self._groups_lock:
                 set_up.ends.append((key, output))
             return output
+        if self._through([tensor, output], [output]):
+            # a TF1 graph: the mark on the output's path, which hands it on and reads its shape itself
+            from memdiag.nativemarks import END
+
+            static, inputs = mark_inputs([tensor], self._shapes())
+            known = output.shape.is_fully_defined()
+            key = self._native_key(op, meta, 0, [*static, static_shape(output) if known else None])
+            return self.native.mark_through(key, END, [output], inputs, [] if known else [0])[0]
         # A static shape is a constant that would let the record run before the collective:
         # the control dependency makes it wait for the output, so `t` is the completion time.
         with tf.control_dependencies([output]):
             if self._native_fits([tensor, output]):
                 from memdiag.nativemarks import END
 
-                static, inputs = mark_inputs([tensor, output])
+                static, inputs = mark_inputs([tensor, output], self._shapes())
                 marked = self.native.mark(self._native_key(op, meta, 0, static), END, inputs)
             else:
                 shapes = [tf.shape(tensor, out_type=tf.int64), tf.shape(output, out_type=tf.int64)]
@@ -417,6 +454,9 @@ class CollectiveRecords:
         members = [self._native_key(op, self._meta(op, origin, tensor, grouped=True), 0,
                                     [static_shape(tensor), static_shape(output)])
                    for origin, tensor, output in zip(origins, tensors, outputs)]
+        if self._through([*tensors, *outputs], outputs):  # a TF1 graph: one mark on all the outputs' paths
+            handed_on: list[Any] = self.native.mark_through(self._group_key(members), END, list(outputs), [], [])
+            return handed_on
         with tf.control_dependencies(list(outputs)):
             marked = self.native.mark(self._group_key(members), END, [])
         return [after(output, marked) for output in outputs]
@@ -454,11 +494,22 @@ def after(output: Any, ops: Any) -> Any:
         return tf.identity(output)
 
 
-def mark_inputs(tensors: list[Any]) -> tuple[replay.StaticShapes, list[Any]]:
+def mark_inputs(tensors: list[Any], made: dict[Any, Any] | None = None) -> tuple[replay.StaticShapes, list[Any]]:
     """For a native mark of ``tensors``' shapes: each shape known now (fully defined), None where it is
-    not, and the mark's inputs: a shape op for each of the others, in order."""
+    not, and the mark's inputs: a shape op for each of the others, in order. ``made``: the shape ops made
+    for earlier marks in this graph (by tensor), reused (a collective's begin and end read its input's
+    shape from one op) and added to."""
     static: replay.StaticShapes = [static_shape(t) if t.shape.is_fully_defined() else None for t in tensors]
-    inputs = [tf.shape(t, out_type=tf.int64) for t, known in zip(tensors, static) if known is None]
+    inputs = []
+    for t, known in zip(tensors, static):
+        if known is not None:
+            continue
+        shape = made.get(t.ref()) if made is not None else None
+        if shape is None:
+            shape = tf.shape(t, out_type=tf.int64)
+            if made is not None:
+                made[t.ref()] = shape
+        inputs.append(shape)
     return static, inputs
 
 

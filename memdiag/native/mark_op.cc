@@ -7,6 +7,9 @@
 //       attrs key: int (an id given at trace time), kind: int (0 = begin, 1 = end). Stateful, no
 //       outputs: tf.function's automatic control dependencies keep it (memdiag marks it so that it
 //       orders nothing: memdiag/graphcalls.py), and it is never folded or pruned as a stateless op is.
+//       MemdiagMarkThrough(through: U, shapes: T) -> U, attr record: list(int): the same record, on the
+//       path of a collective's outputs (handed on unchanged) in a graph that runs only what is fetched;
+//       the shapes of the `through` inputs listed in `record` follow the `shapes` inputs in the record.
 // Record (kRecordWords = 43 int64 words):
 //   index, key, kind, n_inputs, t_ns (CLOCK_REALTIME, the clock of Python's time.time()),
 //   tid (Linux thread id of the executing thread), rss_pages (the process's resident pages, from
@@ -30,6 +33,7 @@
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <vector>
 
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -163,6 +167,80 @@ memdiag: write one record {key, kind, CLOCK_REALTIME ns, thread, each input's fi
 element count, resident pages} into the process's ring buffer, where the graph reaches this op.
 )doc");
 
+REGISTER_OP("MemdiagMarkThrough")
+    .Input("through: U")
+    .Input("shapes: T")
+    .Output("out: U")
+    .Attr("U: list(type) >= 1")
+    .Attr("T: list({int32, int64}) >= 0")
+    .Attr("key: int")
+    .Attr("kind: int")
+    .Attr("record: list(int) = []")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->input(i));
+      return OkStatus();
+    })
+    .Doc(R"doc(
+memdiag: MemdiagMark's record (the `shapes` inputs' values, then the shapes of the `through` inputs
+listed in `record`), its outputs the `through` inputs handed on.
+)doc");
+
+namespace {
+
+// Write one record into the ring: the header, then each of `shapes` (an integer tensor's first values and
+// element count), then each of `dims` (a tensor's shape: its dimensions and rank), in that order, as the
+// record's inputs. Called first thing in a kernel's Compute: t_ns is the time the graph reached the op.
+void WriteRecord(int64_t key, int64_t kind, const std::vector<const Tensor*>& shapes,
+                 const std::vector<const TensorShape*>& dims) {
+  const int64_t t_ns = NowNs();  // first: the time the graph reached the op
+  const int64_t rss_pages = RssPages();  // and the memory then
+  if (t_tid == 0) t_tid = static_cast<int64_t>(syscall(SYS_gettid));
+  const int n_inputs = static_cast<int>(shapes.size() + dims.size());
+
+  State& state = S();
+  const uint64_t index = state.header.head.fetch_add(1, std::memory_order_relaxed);
+  Slot& slot = state.ring[index & (kCapacity - 1)];
+  slot.seq.store(2 * index + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);  // "being written" is seen before the payload
+
+  slot.words[0].store(static_cast<int64_t>(index), std::memory_order_relaxed);
+  slot.words[1].store(key, std::memory_order_relaxed);
+  slot.words[2].store(kind, std::memory_order_relaxed);
+  slot.words[3].store(n_inputs, std::memory_order_relaxed);
+  slot.words[4].store(t_ns, std::memory_order_relaxed);
+  slot.words[5].store(t_tid, std::memory_order_relaxed);
+  slot.words[6].store(rss_pages, std::memory_order_relaxed);
+  int i = 0;
+  for (const Tensor* t : shapes) {
+    if (i >= kMaxInputs) break;
+    if (t->dtype() == DT_INT64) {
+      PutValues<int64>(*t, slot, i);
+    } else {
+      PutValues<int32>(*t, slot, i);
+    }
+    ++i;
+  }
+  for (const TensorShape* shape : dims) {
+    if (i >= kMaxInputs) break;
+    const int rank = shape->dims();
+    slot.words[kHeaderWords + i].store(rank, std::memory_order_relaxed);
+    for (int j = 0; j < kMaxValues; ++j) {
+      const int64_t v = j < rank ? static_cast<int64_t>(shape->dim_size(j)) : 0;
+      slot.words[kHeaderWords + kMaxInputs + i * kMaxValues + j].store(v, std::memory_order_relaxed);
+    }
+    ++i;
+  }
+  for (; i < kMaxInputs; ++i) {  // a reused slot: clear what an earlier record left
+    slot.words[kHeaderWords + i].store(0, std::memory_order_relaxed);
+    for (int j = 0; j < kMaxValues; ++j)
+      slot.words[kHeaderWords + kMaxInputs + i * kMaxValues + j].store(0, std::memory_order_relaxed);
+  }
+  slot.seq.store(2 * index + 2, std::memory_order_release);  // publish
+}
+
+}  // namespace
+
 class MemdiagMarkOp : public OpKernel {
  public:
   explicit MemdiagMarkOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -171,39 +249,10 @@ class MemdiagMarkOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const int64_t t_ns = NowNs();  // first: the time the graph reached the op
-    const int64_t rss_pages = RssPages();  // and the memory then
-    if (t_tid == 0) t_tid = static_cast<int64_t>(syscall(SYS_gettid));
-    const int n_inputs = ctx->num_inputs();
-
-    State& state = S();
-    const uint64_t index = state.header.head.fetch_add(1, std::memory_order_relaxed);
-    Slot& slot = state.ring[index & (kCapacity - 1)];
-    slot.seq.store(2 * index + 1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_release);  // "being written" is seen before the payload
-
-    slot.words[0].store(static_cast<int64_t>(index), std::memory_order_relaxed);
-    slot.words[1].store(key_, std::memory_order_relaxed);
-    slot.words[2].store(kind_, std::memory_order_relaxed);
-    slot.words[3].store(n_inputs, std::memory_order_relaxed);
-    slot.words[4].store(t_ns, std::memory_order_relaxed);
-    slot.words[5].store(t_tid, std::memory_order_relaxed);
-    slot.words[6].store(rss_pages, std::memory_order_relaxed);
-    int i = 0;
-    for (; i < n_inputs && i < kMaxInputs; ++i) {
-      const Tensor& t = ctx->input(i);
-      if (t.dtype() == DT_INT64) {
-        PutValues<int64>(t, slot, i);
-      } else {
-        PutValues<int32>(t, slot, i);
-      }
-    }
-    for (; i < kMaxInputs; ++i) {  // a reused slot: clear what an earlier record left
-      slot.words[kHeaderWords + i].store(0, std::memory_order_relaxed);
-      for (int j = 0; j < kMaxValues; ++j)
-        slot.words[kHeaderWords + kMaxInputs + i * kMaxValues + j].store(0, std::memory_order_relaxed);
-    }
-    slot.seq.store(2 * index + 2, std::memory_order_release);  // publish
+    std::vector<const Tensor*> shapes;
+    shapes.reserve(ctx->num_inputs());
+    for (int i = 0; i < ctx->num_inputs(); ++i) shapes.push_back(&ctx->input(i));
+    WriteRecord(key_, kind_, shapes, {});
   }
 
   bool IsExpensive() override { return false; }  // run inline by the executor, not scheduled on the pool
@@ -213,10 +262,50 @@ class MemdiagMarkOp : public OpKernel {
   int64_t kind_;
 };
 
+// The mark on a collective's path in a graph that runs only what is fetched (a TF1 graph and a session):
+// its outputs are its `through` inputs, handed on (the same buffers: nothing is copied or allocated), so
+// that fetching a collective's output runs the mark, where a mark beside it and an Identity that waits
+// for it were two ops. It records the `shapes` inputs' values as MemdiagMark does, then the shapes of the
+// `through` inputs listed in `record` (so a shape not known when the graph was built needs no Shape op).
+class MemdiagMarkThroughOp : public OpKernel {
+ public:
+  explicit MemdiagMarkThroughOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("key", &key_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("kind", &kind_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("record", &record_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    OpInputList through;
+    OpInputList shape_inputs;
+    OP_REQUIRES_OK(ctx, ctx->input_list("through", &through));
+    OP_REQUIRES_OK(ctx, ctx->input_list("shapes", &shape_inputs));
+    std::vector<const Tensor*> shapes;
+    shapes.reserve(shape_inputs.size());
+    for (int i = 0; i < shape_inputs.size(); ++i) shapes.push_back(&shape_inputs[i]);
+    std::vector<const TensorShape*> dims;
+    dims.reserve(record_.size());
+    for (const int64_t i : record_) {
+      if (i >= 0 && i < through.size()) dims.push_back(&through[i].shape());
+    }
+    WriteRecord(key_, kind_, shapes, dims);
+    for (int i = 0; i < through.size(); ++i) ctx->set_output(i, through[i]);  // handed on, not copied
+  }
+
+  bool IsExpensive() override { return false; }
+
+ private:
+  int64_t key_;
+  int64_t kind_;
+  std::vector<int64_t> record_;
+};
+
 REGISTER_KERNEL_BUILDER(Name("MemdiagMark").Device(DEVICE_CPU), MemdiagMarkOp);
 // On a GPU device the shapes are read from host memory (tf.shape's outputs live there already); no
 // device code runs. Untested here (CPU-only TensorFlow); harmless where no GPU device exists.
 REGISTER_KERNEL_BUILDER(Name("MemdiagMark").Device(DEVICE_GPU).HostMemory("shapes"), MemdiagMarkOp);
+REGISTER_KERNEL_BUILDER(Name("MemdiagMarkThrough").Device(DEVICE_CPU), MemdiagMarkThroughOp);
+REGISTER_KERNEL_BUILDER(Name("MemdiagMarkThrough").Device(DEVICE_GPU).HostMemory("shapes"), MemdiagMarkThroughOp);
 
 // ---- reader side, for ctypes -------------------------------------------------------------------
 extern "C" {
