@@ -57,6 +57,10 @@ def rank_summary(records: RankRecords, live: dict[int, LiveStep] | None = None) 
         peaks.append(max(records.killed.get("rss_bytes", 0), records.killed.get("hwm_bytes", 0)))
     end = records.end
     hwms = [s.get("hwm_bytes", 0) for s in records.steps] + [end.get("hwm_bytes", 0) if end else 0]
+    # memdiag's own work on the rank (its own_work spans: reading and saving parameters, a step's hooks),
+    # cut out of every step's figures: how many, their seconds, the most RSS rose above where one began
+    work = [w for w in records.own_work
+            if isinstance(w.get("peak_rss_bytes"), int) and isinstance(w.get("rss_before_bytes"), int)]
     return {
         "rank": records.rank,
         "status": rank_status(records),
@@ -82,6 +86,9 @@ def rank_summary(records: RankRecords, live: dict[int, LiveStep] | None = None) 
         "own_setup_rss_bytes": records.start.get("own_setup_rss_bytes") if records.start else None,
         "marks_ring_bytes": records.start.get("marks_ring_bytes") if records.start else None,
         "mark_ops": end.get("mark_ops") if end else None,
+        "own_work_spans": len(work),
+        "own_work_s": sum(max(0.0, w.get("t_end", 0.0) - w.get("t_start", 0.0)) for w in work) if work else None,
+        "own_work_rise_bytes": max(max(0, w["peak_rss_bytes"] - w["rss_before_bytes"]) for w in work) if work else None,
         "replayed_steps": next((r.get("steps") for r in records.replayed), None),
     }
 

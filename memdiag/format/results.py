@@ -97,6 +97,9 @@ class RankSummary(TypedDict, total=False):
     own_setup_rss_bytes: int | None  # memdiag's own set-up (the start record's; None: not measured)
     marks_ring_bytes: int | None
     mark_ops: int | None  # native mark ops added to the graphs (the end record's)
+    own_work_spans: int  # memdiag's own work on the rank (own_work records), cut out of every step
+    own_work_s: float | None  # their seconds in all (None: none)
+    own_work_rise_bytes: int | None  # the most RSS rose above where one of them began (None: none)
     record_every_s: float  # --record-every: native marks made records every this many seconds (0: every step)
     marks_file: bool  # its native marks kept in a file until they were records (the start record's)
     # killed outright: the steps made from the marks it left in that file, first and last (None: none)

@@ -221,10 +221,11 @@ def own_memory_line(summary: RunSummary) -> str | None:
     no step's figures), the native marks' ring within it, and the mark ops it added to the graphs (the
     largest count of a rank), whose memory is inside the steps' figures and is not measured per run (None
     when no rank says)."""
+    work = own_work_clause(summary)
     measured = [(r["own_setup_rss_bytes"], r["rank"], r.get("marks_ring_bytes") or 0) for r in summary["ranks"]
                 if isinstance(r.get("own_setup_rss_bytes"), int)]
     if not measured:
-        return None
+        return f"memdiag's {work}" if work else None
     setup, rank, ring = max(measured)
     line = (f"memdiag's own set-up grew RSS by {format_bytes(setup)} on rank {rank} (the largest; before step 0, "
             f"in no step's figures)")
@@ -234,7 +235,23 @@ def own_memory_line(summary: RunSummary) -> str | None:
     if ops:
         line += (f"; it added {ops} mark ops to the job's graphs (at most two per collective in each graph traced), "
                  "whose memory is in the steps' figures and not measured per run (docs/explanation/overhead.md)")
+    if work:
+        line += f"; its {work}"
     return line
+
+
+def own_work_clause(summary: RunSummary) -> str | None:
+    """memdiag's own work on the ranks (reading and saving parameters, a step's hooks), cut out of the
+    steps' figures: the most RSS rose above where one of its spans began, on the rank where it rose
+    most, with that rank's spans and seconds (None when no rank wrote one)."""
+    found = [(rise, r["rank"], r.get("own_work_spans") or 0, r.get("own_work_s") or 0.0) for r in summary["ranks"]
+             if isinstance(rise := r.get("own_work_rise_bytes"), int)]
+    if not found:
+        return None
+    rise, rank, spans, seconds = max(found, key=lambda f: (f[0], -f[1]))
+    return (f"own work (reading, hashing and saving parameters: {spans} span{'s' if spans != 1 else ''}, {seconds:.2f} s on "
+            f"rank {rank}) rose RSS by at most {format_bytes(rise)} above where it began, cut out of the steps' "
+            "figures")
 
 
 def replayed_line(summary: RunSummary) -> str | None:

@@ -128,6 +128,44 @@ def test_memdiag_s_own_set_up_and_mark_ops_reach_the_summary_and_the_report_name
     assert own_memory_line({"ranks": [{**r, "own_setup_rss_bytes": None} for r in s["ranks"]]}) is None
 
 
+def test_memdiag_s_own_work_reaches_the_summary_and_the_report_names_the_largest_rise(tmp_path):
+    import json
+
+    from memdiag.report.terminal import own_memory_line
+
+    # GIVEN two ranks with memdiag's own work: rank 0 two spans (rises of 3 and 12 MiB, 0.5 s and 1.5 s),
+    # rank 1 one span whose peak was 40 MiB above where it began, and a set-up of 5 MiB each
+    spans = {0: [(100, 103, 101, 10.0, 10.5), (200, 212, 200, 20.0, 21.5)], 1: [(300, 340, 310, 30.0, 30.25)]}
+    path = make_run(tmp_path / "r", world_size=2, steps=2)
+    for rank in (0, 1):
+        file = path / f"rank-{rank}.jsonl"
+        records = [json.loads(line) for line in file.read_text().splitlines()]
+        for record in records:
+            if record["type"] == "start":
+                record.update(own_setup_rss_bytes=5 * 2**20, marks_ring_bytes=2**20)
+        end = records.pop()
+        for before, peak, after, t0, t1 in spans[rank]:
+            records.append({"type": "own_work", "what": "read and save the final parameters", "step": 1,
+                            "within_step": False, "t_start": t0, "t_end": t1, "rss_before_bytes": before * 2**20,
+                            "peak_rss_bytes": peak * 2**20, "rss_after_bytes": after * 2**20})
+        records.append(end)
+        file.write_text("".join(json.dumps(r) + "\n" for r in records))
+    s = summarize(load_run(str(path)))
+    # THEN each rank's spans, seconds and largest rise are in the summary
+    assert [(r["own_work_spans"], r["own_work_s"], r["own_work_rise_bytes"]) for r in s["ranks"]] == \
+        [(2, 2.0, 12 * 2**20), (1, 0.25, 40 * 2**20)]
+    # AND the report names the largest rise and its rank, after the set-up
+    line = own_memory_line(s)
+    assert line is not None and line.startswith("memdiag's own set-up grew RSS by 5 MiB")
+    assert ("its own work (reading, hashing and saving parameters: 1 span, 0.25 s on rank 1) rose RSS by at most 40 MiB "
+            "above where it began, cut out of the steps' figures") in line
+    # AND a run without own work says nothing of it; one with own work but no set-up figure says only it
+    none = {"ranks": [{**r, "own_work_rise_bytes": None} for r in s["ranks"]]}
+    assert "own work" not in (own_memory_line(none) or "")
+    only = {"ranks": [{**r, "own_setup_rss_bytes": None} for r in s["ranks"]]}
+    assert (own_memory_line(only) or "").startswith("memdiag's own work (reading, hashing and saving parameters: 1 span")
+
+
 def test_the_report_says_what_a_killed_rank_could_lose_only_where_its_marks_were_not_kept():
     from memdiag.report.terminal import replayed_line, sampler_cost_line
 
