@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypedDict, cast
 
+from memdiag.agent import heap
 from memdiag.agent.sampler import HighWaterMark, MemorySampler
 from memdiag.format.layout import SeriesPolicy, mem_record
 from memdiag.format.records import SETUP_STEP, CollectiveRecord, InFlight, OwnWorkRecord, Received, StepRecord, WaitingRecord
@@ -174,6 +175,9 @@ class Tracer:
                 peak_phase=rises["peak_phase"],
                 collective_live_peak_bytes=self._live_collective_bytes(),
             )
+            heap_free = heap.free_bytes()
+            if heap_free is not None:
+                record["heap_free_bytes"] = heap_free
             # The fields the step's hooks and its caller add, by name (loss, items, param_digest, tail,
             # warmup): declared in StepRecord, checked on real runs' records (undeclared_fields).
             fields = cast("dict[str, Any]", record)

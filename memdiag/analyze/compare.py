@@ -43,6 +43,7 @@ def table_row(summary: RunSummary, run_dir: str) -> CompareRow:
         "collective_peak_rss_bytes": summary.get("collective_peak_rss_bytes_max"),
         "collective_live_peak_bytes": summary.get("collective_live_peak_bytes_max"),
         "collective_live_all_peak_bytes": summary.get("collective_live_all_peak_bytes_max"),
+        "heap_free_bytes": summary.get("heap_free_bytes_at_peak"),
         "collective_bytes_per_rank": max((r["collective_bytes_per_step"] for r in ranks), default=0),
         "allgather_bytes_per_rank": max((r["allgather_bytes_per_step"] for r in ranks), default=0),
         "allreduce_bytes_per_rank": max((r["allreduce_bytes_per_step"] for r in ranks), default=0),
@@ -202,6 +203,9 @@ def build(target: str, preset: str | None, run_dirs: Mapping[tuple[int, str], st
         "live_all_growth_bytes_per_rank": growth(
             [r for r in rows if r.get("collective_live_all_peak_bytes") is not None],
             "collective_live_all_peak_bytes", fit_from),
+        # measured: what glibc's heaps held freed and kept at the largest rank's steady peak (agent.heap)
+        "heap_free_growth_bytes_per_rank": growth([r for r in rows if r.get("heap_free_bytes") is not None],
+                                                  "heap_free_bytes", fit_from),
         "growth_fitted_from_world_size": fit_from,
         "predicted_growth_bytes_per_rank": predicted_growth(summaries, fit_from),
         "tensors": growth_tensors(summaries, fit_from),

@@ -76,11 +76,17 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
             continue
         measured = (high - low) / (b - a)
         gap = (measured - predicted_rss) * (b - a)  # what the model leaves over the segment
+        # measured: what glibc's heaps held freed and kept grew by (resident memory in no tensor)
+        heap_free = live_per_rank("heap_free_bytes", a, b)
+        kept = heap_free * (b - a) if heap_free is not None and heap_free > 0 else 0.0
         segments.append({"from_world_size": a, "to_world_size": b, "measured_bytes_per_rank": measured,
                          "predicted_bytes_per_rank": predicted_rss, "unexplained_bytes_per_rank": measured - predicted_rss,
                          "beyond_noise": None if noise_bytes is None else bool(abs(gap) > noise_bytes),
                          "live_bytes_per_rank": live_per_rank("collective_live_peak_bytes", a, b),
-                         "live_all_bytes_per_rank": live_per_rank("collective_live_all_peak_bytes", a, b)})
+                         "live_all_bytes_per_rank": live_per_rank("collective_live_all_peak_bytes", a, b),
+                         "heap_free_bytes_per_rank": heap_free,
+                         "beyond_noise_after_heap": None if noise_bytes is None or heap_free is None
+                         else bool(abs(gap - kept) > noise_bytes)})
     return {
         "largest_world_size": largest,
         "cost_per_gathered_byte": k,
@@ -91,6 +97,7 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
         "sparse_segments": segments,
         "sparse_live_growth_bytes_per_rank": (result.get("live_growth_bytes_per_rank") or {}).get("sparse"),
         "sparse_live_all_growth_bytes_per_rank": (result.get("live_all_growth_bytes_per_rank") or {}).get("sparse"),
+        "sparse_heap_free_growth_bytes_per_rank": (result.get("heap_free_growth_bytes_per_rank") or {}).get("sparse"),
         "dense_change": None if not dense_low or dense_high is None else (dense_high - dense_low) / dense_low,
         "dense_peak_bytes": dense_high if dense_high is not None else peak(largest, "dense"),
         "auto_densified": densified,

@@ -88,7 +88,7 @@ def steady_figures(steps: Sequence[StepRecord], memory: Sequence[MemRecord] | No
         "steady_peak_rss_bytes": None, "compute_peak_rss_bytes": None, "collective_peak_rss_bytes": None,
         "collective_rise_bytes": None, "compute_rise_bytes": None, "peak_phase": None,
         "collective_live_peak_bytes": None, "collective_added_peak_bytes": None,
-        "collective_live_all_peak_bytes": None,
+        "collective_live_all_peak_bytes": None, "heap_free_bytes": None,
         "tail_peak_rss_bytes": tail[-1]["peak_rss_bytes"] if tail else None}
     if not steps:
         return figures
@@ -110,6 +110,8 @@ def steady_figures(steps: Sequence[StepRecord], memory: Sequence[MemRecord] | No
         "collective_live_peak_bytes": held,
         "collective_added_peak_bytes": added,
         "collective_live_all_peak_bytes": max(alls) if alls else None,
+        # what glibc's heaps held freed, read at the record of the steady step whose peak is the largest
+        "heap_free_bytes": max(window, key=lambda s: s["peak_rss_bytes"]).get("heap_free_bytes"),
         "tail_peak_rss_bytes": figures["tail_peak_rss_bytes"],
         **phases,
     }

@@ -108,6 +108,8 @@ def summarize(run: Run) -> RunSummary:
         "collective_peak_rss_bytes_max": largest("collective_peak_rss_bytes"),
         "collective_live_peak_bytes_max": largest("collective_live_peak_bytes"),
         "collective_live_all_peak_bytes_max": largest("collective_live_all_peak_bytes"),
+        # what glibc's heaps held freed and kept, on the rank that set the steady peak (memdiag.agent.heap)
+        "heap_free_bytes_at_peak": None if top is None else top.get("heap_free_bytes"),
         # tensors whose allgathers one grouped call made alive together (the live model counts them as one)
         "allgather_groups": [list(g) for g in sorted({tuple(g) for live in lives.values() for g in live[1]})],
         "peak_phase": None if top is None else top["peak_phase"],

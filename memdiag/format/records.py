@@ -74,6 +74,9 @@ class StepRecord(_Record, total=False):
     collective_added_peak_bytes: int
     # the analysis's other bound: every gathered output and quotient of the step alive at once
     collective_live_all_peak_bytes: int
+    # glibc's heaps: bytes freed and kept, not returned to the system, read when the step's record is made
+    # (memdiag.agent.heap; absent where the C library does not say)
+    heap_free_bytes: int
     loss: float
     items: int
     param_digest: str

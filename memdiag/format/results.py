@@ -60,6 +60,8 @@ class SteadyFigures(PhaseFigures):
     collective_added_peak_bytes: int | None  # of them, what adds to the step beyond the inputs they replace
     # the live model's other bound: every gathered output and quotient of a step alive at once
     collective_live_all_peak_bytes: int | None
+    # glibc's heaps: bytes freed and kept at the record of the steady step with the largest peak (None: not read)
+    heap_free_bytes: int | None
     tail_peak_rss_bytes: int | None  # a script's last step, which runs on to the script's end
 
 
@@ -86,6 +88,7 @@ class RankSummary(TypedDict, total=False):
     collective_live_peak_bytes: int | None
     collective_added_peak_bytes: int | None
     collective_live_all_peak_bytes: int | None
+    heap_free_bytes: int | None  # glibc's heaps' freed bytes at its steady peak's step record (None: not read)
     compute_rise_bytes: int | None
     collective_rise_bytes: int | None
     peak_phase: str | None
@@ -229,6 +232,7 @@ class RunSummary(TypedDict, total=False):
     collective_peak_rss_bytes_max: int | None
     collective_live_peak_bytes_max: int | None
     collective_live_all_peak_bytes_max: int | None
+    heap_free_bytes_at_peak: NotRequired[int | None]  # glibc's heaps' freed bytes, of the rank with the largest steady peak
     allgather_groups: list[list[str]]
     peak_phase: str | None
     throughput_items_per_s: float | None
@@ -272,6 +276,7 @@ class CompareRow(TypedDict, total=False):
     collective_peak_rss_bytes: int | None
     collective_live_peak_bytes: int | None
     collective_live_all_peak_bytes: int | None
+    heap_free_bytes: NotRequired[int | None]  # glibc's heaps' freed bytes at the largest rank's steady peak
     collective_bytes_per_rank: int
     allgather_bytes_per_rank: int
     allreduce_bytes_per_rank: int
@@ -323,6 +328,10 @@ class GrowthSegment(TypedDict):
     # one tensor's gathered outputs and quotient at a time, and every one's at once
     live_bytes_per_rank: NotRequired[float | None]
     live_all_bytes_per_rank: NotRequired[float | None]
+    # measured: what glibc's heaps held freed and kept grew by, per added rank (the first run of each row;
+    # None: not read), and whether the gap less that growth (where positive) is still beyond the noise
+    heap_free_bytes_per_rank: NotRequired[float | None]
+    beyond_noise_after_heap: NotRequired[bool | None]
 
 
 class Physics(TypedDict, total=False):
@@ -336,6 +345,7 @@ class Physics(TypedDict, total=False):
     sparse_segments: NotRequired[list[GrowthSegment]]
     sparse_live_growth_bytes_per_rank: float | None  # modelled: the live collective outputs
     sparse_live_all_growth_bytes_per_rank: NotRequired[float | None]  # the same, every one alive at once
+    sparse_heap_free_growth_bytes_per_rank: NotRequired[float | None]  # measured: glibc's heaps' freed bytes
     dense_change: float | None
     dense_peak_bytes: float | None
     auto_densified: list[str]
@@ -451,6 +461,7 @@ class Comparison(TypedDict, total=False):
     collective_growth_bytes_per_rank: dict[str, float | None]
     live_growth_bytes_per_rank: dict[str, float | None]
     live_all_growth_bytes_per_rank: NotRequired[dict[str, float | None]]
+    heap_free_growth_bytes_per_rank: NotRequired[dict[str, float | None]]  # glibc's heaps' freed bytes, measured
     growth_fitted_from_world_size: int
     predicted_growth_bytes_per_rank: int | None
     tensors: list[GrowthTensor]

@@ -53,15 +53,19 @@ def compare_table(result: Comparison) -> FitTable:
 
 def growth_table(result: Comparison) -> FitTable:
     since = result.get("growth_fitted_from_world_size", 1)
-    table = FitTable([Column("mode", justify="left", key=True), Column("peak RSS"), Column("collective bytes")],
+    # measured beside the peak: what glibc's heaps held freed and kept (memdiag.agent.heap), where read
+    heap = result.get("heap_free_growth_bytes_per_rank") or {}
+    heaps = any(v is not None for v in heap.values())
+    columns = [Column("mode", justify="left", key=True), Column("peak RSS"), Column("collective bytes")]
+    table = FitTable(columns + ([Column("heaps' freed")] if heaps else []),
                      title=f"Growth per added rank (fitted over N >= {since})")
     collective = result.get("collective_growth_bytes_per_rank", {})
     for mode, slope in result["growth_bytes_per_rank"].items():
-        table.add_row(mode, _signed(slope), _signed(collective.get(mode)))
+        table.add_row(mode, _signed(slope), _signed(collective.get(mode)), *([_signed(heap.get(mode))] if heaps else []))
     predicted = result.get("predicted_growth_bytes_per_rank")
     if predicted is not None:
         # the formula with each run's rows gathered (the sum over its ranks), fitted as the rows above
-        table.add_row("formula", "", _signed(predicted))
+        table.add_row("formula", "", _signed(predicted), *([""] if heaps else []))
     return table
 
 
@@ -206,6 +210,10 @@ def second_look_outcome(again: RankOrderLook, mode: str, against: str, runs: str
     return apart + f", less than from {against}\n"
 
 
+# glibc's heaps' freed bytes are named in a verdict where they grew (or fell) by at least this per added rank
+HEAP_SHOWN_BYTES = 2**20
+
+
 def physics_parts(p: Physics) -> list[str]:
     """The clauses of one engine's verdict sentence, from its ``physics`` figures."""
     parts = []
@@ -225,6 +233,10 @@ def physics_parts(p: Physics) -> list[str]:
                      f"from the records: {LIVE_ASSUMPTION})")
             part += live_bounds_text(growth, p["sparse_live_growth_bytes_per_rank"],
                                      p.get("sparse_live_all_growth_bytes_per_rank"))
+        heap = p.get("sparse_heap_free_growth_bytes_per_rank")
+        if heap is not None and abs(heap) >= HEAP_SHOWN_BYTES:
+            part += (f"; glibc's heaps kept {_signed(heap)} per added rank of freed memory (resident, in no "
+                     "tensor; measured at the largest rank's peak step)")
         parts.append(part)
     if p.get("dense_peak_bytes") is not None:
         part = f"dense stays at {format_bytes(p['dense_peak_bytes'])}"
@@ -305,7 +317,20 @@ def segments_text(p: Physics) -> str:
                   f"{_signed(s['predicted_bytes_per_rank'])}")
         one, every = s.get("live_bytes_per_rank"), s.get("live_all_bytes_per_rank")
         overlap = live_position(s["measured_bytes_per_rank"], one, every) == "between"
-        if s["unexplained_bytes_per_rank"] < 0 and phases.get(str(s["from_world_size"])) == "compute":
+        heap = s.get("heap_free_bytes_per_rank")
+        heap_text = (f"; glibc's heaps kept {_signed(heap)} per added rank of freed memory"
+                     if heap is not None and abs(heap) >= HEAP_SHOWN_BYTES else "")
+        kept = heap if heap_text and heap is not None and heap > 0 else 0.0
+        if repeats and s["beyond_noise"] and not overlap and kept and s["unexplained_bytes_per_rank"] > 0:
+            left = s["unexplained_bytes_per_rank"] - kept
+            if s.get("beyond_noise_after_heap"):
+                clause += (f"; unexplained: {_signed(left)} per added rank between N={s['from_world_size']} and "
+                           f"N={s['to_world_size']}, beyond run-to-run noise, after {_signed(kept)} that glibc's "
+                           "heaps kept freed")
+            else:
+                clause += heap_text + ", and the rest of the gap is within run-to-run noise"
+            heap_text = ""
+        elif s["unexplained_bytes_per_rank"] < 0 and phases.get(str(s["from_world_size"])) == "compute":
             # the two regimes: the gathered buffers hid under the compute peak at the lower rank count
             clause += f" (at N={s['from_world_size']} compute set the peak, and the gathered buffers fit under it)"
         elif repeats and s["beyond_noise"] and overlap:
@@ -322,7 +347,7 @@ def segments_text(p: Physics) -> str:
         bounds = live_bounds_text(s["measured_bytes_per_rank"], one, every)
         if bounds:
             clause += f"; live buffers {_signed(one)} one tensor at a time" + bounds
-        shown.append(clause)
+        shown.append(clause + heap_text)
     text = "Sparse growth by segment: " + "; ".join(shown) + "."
     if not repeats:
         text += (" One run per configuration: whether a gap repeats, and so is the model's to explain, needs "

@@ -95,6 +95,14 @@ class NoMark:
         return 0
 
 
+@pytest.fixture(autouse=True)
+def _heap_alike(monkeypatch):
+    """The C library's figure of its heaps' freed bytes, alike in every run these tests compare line by line."""
+    from memdiag.agent import heap
+
+    monkeypatch.setattr(heap, "free_bytes", lambda: 3 * 2**20)
+
+
 def write_run(path: Path, steps: int, world_size: int = 2, kernels: list[str] = KERNELS) -> Path:
     """A run of ``steps`` steps written by memdiag's tracer: per step an allreduce of each of
     ``kernels`` and an embedding gathered as values and indices whose row count changes every 7th step."""
