@@ -230,7 +230,8 @@ def _replay(run_dir: str, rank: int, marks_path: str) -> ReplayedRecord | None:
 
     writer = RecordWriter(rank_path, rank)
     sampler = _ReplaySampler(since)
-    tracer = Tracer(writer, sampler, rank, auto_steps=True, hwm=_NoHighWaterMark(known.hwm, sampler))
+    # the heaps read now would be this process's, not the rank's: not read
+    tracer = Tracer(writer, sampler, rank, auto_steps=True, hwm=_NoHighWaterMark(known.hwm, sampler), read_heap=False)
     tracer._collective_records = _FullRecords(writer, known.written_until)  # type: ignore[assignment]
     samples = [(t, p) for t, p in zip(ring.sample_times, ring.sample_pages) if t > since]
     if known.last_step is not None:

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any, TypedDict, cast
 
 from memdiag.agent import heap
@@ -56,6 +57,9 @@ class _Span:
 
 # The most collective metas whose kind key the tracer remembers (memdiag.format.writer.CollectiveRecords).
 KIND_KEYS_KEPT = 4096
+# The share of the steps' time that reading glibc's heaps' freed bytes may take (Tracer._heap_free): a read
+# takes microseconds in most jobs and up to 18 ms in one with tens of thousands of free chunks (docs/notes)
+HEAP_BUDGET = 0.002
 
 
 class Tracer:
@@ -67,6 +71,7 @@ class Tracer:
         auto_steps: bool,
         max_steps: int | None = None,
         hwm: HighWaterMark | None = None,
+        read_heap: bool = True,
     ) -> None:
         self.writer = writer
         self.sampler = sampler
@@ -75,6 +80,13 @@ class Tracer:
         self.max_steps = max_steps
         self.step = SETUP_STEP
         self._step_start = time.time()
+        # glibc's heaps' freed bytes (memdiag.agent.heap): a read walks every free chunk, from microseconds
+        # to tens of milliseconds in a job with tens of thousands, so the reads keep within HEAP_BUDGET of
+        # the steps' time: the seconds they took, the last one's, and the steps' seconds so far
+        self._heap_spent = 0.0
+        self._heap_last = 0.0
+        self._read_heap = read_heap  # False: a replay's, in another process than the rank's
+        self._steps_s = 0.0
         # The set-up step runs from the tracer's creation (the sampler's series began before it); a
         # later step's figures begin with the step.
         self._in_step = True
@@ -130,6 +142,20 @@ class Tracer:
             self._gathered = {}
             self._quotient_bytes = 0
 
+    def _heap_free(self, step_time_s: float) -> int | None:
+        """glibc's heaps' freed bytes for this step's record, where a read now keeps the reads' seconds
+        within HEAP_BUDGET of the steps' seconds so far (the first step's is always read); else None."""
+        self._steps_s += max(0.0, step_time_s)
+        if not self._read_heap:
+            return None
+        if self._heap_spent + self._heap_last > HEAP_BUDGET * self._steps_s and self._heap_spent > 0:
+            return None
+        started = perf_counter()
+        found = heap.free_bytes()
+        self._heap_last = perf_counter() - started
+        self._heap_spent += self._heap_last
+        return found
+
     def end_step(self, step: int | None = None, at: float | None = None, **extra: Any) -> None:
         """Write the step's memory record and everything buffered during it, then flush. ``at``: the
         step ended at that time, already past (a native mark read late): the samples after it are
@@ -175,7 +201,7 @@ class Tracer:
                 peak_phase=rises["peak_phase"],
                 collective_live_peak_bytes=self._live_collective_bytes(),
             )
-            heap_free = heap.free_bytes()
+            heap_free = self._heap_free(record["step_time_s"])
             if heap_free is not None:
                 record["heap_free_bytes"] = heap_free
             # The fields the step's hooks and its caller add, by name (loss, items, param_digest, tail,

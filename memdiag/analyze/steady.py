@@ -110,11 +110,21 @@ def steady_figures(steps: Sequence[StepRecord], memory: Sequence[MemRecord] | No
         "collective_live_peak_bytes": held,
         "collective_added_peak_bytes": added,
         "collective_live_all_peak_bytes": max(alls) if alls else None,
-        # what glibc's heaps held freed, read at the record of the steady step whose peak is the largest
-        "heap_free_bytes": max(window, key=lambda s: s["peak_rss_bytes"]).get("heap_free_bytes"),
+        "heap_free_bytes": _heap_free_at_peak(window),
         "tail_peak_rss_bytes": figures["tail_peak_rss_bytes"],
         **phases,
     }
+
+
+def _heap_free_at_peak(window: Sequence[StepRecord]) -> int | None:
+    """What glibc's heaps held freed, read at the record of the steady step whose peak is the largest; where
+    that step was not read (the reads keep within a budget of the steps' time: memdiag.agent.tracer), the
+    last read before it in the steady window; None where none was."""
+    top = max(range(len(window)), key=lambda i: window[i]["peak_rss_bytes"])
+    for s in reversed(window[:top + 1]):
+        if s.get("heap_free_bytes") is not None:
+            return s["heap_free_bytes"]
+    return None
 
 
 def held_phase(phases: PhaseFigures, steady_peak: int, added: int | None) -> str | None:

@@ -62,14 +62,45 @@ def test_a_step_record_carries_the_heaps_freed_bytes(tmp_path):
         tracer.end_step(step)
     writer.close()
     steps = [r for r in read_records(tmp_path / "r.jsonl") if r["type"] == "step"]
-    assert len(steps) == 2 and all(isinstance(s["heap_free_bytes"], int) and s["heap_free_bytes"] >= 0 for s in steps)
+    # the first step is always read; the second, of no time, is beyond the reads' share of the steps' time
+    assert len(steps) == 2 and isinstance(steps[0]["heap_free_bytes"], int) and steps[0]["heap_free_bytes"] >= 0
+    assert "heap_free_bytes" not in steps[1]
 
 
 def test_the_steady_figure_is_the_heaps_freed_bytes_at_the_steady_peaks_step():
     steps = [{"step": s, "peak_rss_bytes": peak, "heap_free_bytes": free}
              for s, (peak, free) in enumerate([(900, 1), (1000, 2), (1000, 3), (1010, 7), (1005, 5)])]
     assert steady_figures(steps)["heap_free_bytes"] == 7  # type: ignore[arg-type]
+    # where the peak's step was not read (the reads' budget), the last read before it
+    del steps[3]["heap_free_bytes"]
+    assert steady_figures(steps)["heap_free_bytes"] == 3  # type: ignore[arg-type]
     assert steady_figures([{k: v for k, v in s.items() if k != "heap_free_bytes"} for s in steps])["heap_free_bytes"] is None  # type: ignore[arg-type,misc]
+
+
+def test_the_reads_keep_within_their_share_of_the_steps_time(monkeypatch):
+    from memdiag.agent import tracer as tracer_module
+    from memdiag.agent.sampler import MemorySampler
+    from memdiag.agent.tracer import HEAP_BUDGET, Tracer
+    from memdiag.format.writer import RecordWriter
+
+    # GIVEN a read of the heaps that takes 1/128 s (7.8 ms), and 100 steps of 1 s each
+    cost = 1 / 128
+    clock = [0.0]  # the tracer's perf_counter, advanced by the reads alone
+
+    def read() -> int:
+        clock[0] += cost
+        return 7
+
+    monkeypatch.setattr(heap, "free_bytes", read)
+    monkeypatch.setattr(tracer_module, "perf_counter", lambda: clock[0])
+    assert HEAP_BUDGET == 0.002
+    tracer = Tracer(RecordWriter("/dev/null", 0), MemorySampler(0.005), rank=0, auto_steps=False)
+    got = [tracer._heap_free(1.0) for _ in range(100)]
+    # THEN the first step is read, and after it a step only when the reads, that one's included, stay within
+    # 0.2% of the steps' seconds: after k reads the next is at the first step i with (k + 1) x cost <= 0.002 i
+    read_at = [i + 1 for i, value in enumerate(got) if value is not None]
+    assert read_at == [1, 8, 12, 16, 20, 24, 28, 32, 36, 40, 43, 47, 51, 55, 59, 63, 67, 71, 75, 79, 83, 86, 90, 94, 98]
+    assert all(value in (None, 7) for value in got)
 
 
 def one_table_run(path: Path, n: int, peak: int, heap_free: int) -> str:

@@ -97,10 +97,12 @@ class NoMark:
 
 @pytest.fixture(autouse=True)
 def _heap_alike(monkeypatch):
-    """The C library's figure of its heaps' freed bytes, alike in every run these tests compare line by line."""
+    """The C library's figure of its heaps' freed bytes, alike in every run these tests compare line by line,
+    and read at every step (the reads' budget follows the steps' real time)."""
     from memdiag.agent import heap
 
     monkeypatch.setattr(heap, "free_bytes", lambda: 3 * 2**20)
+    monkeypatch.setattr(tracer_module, "HEAP_BUDGET", float("inf"))
 
 
 def write_run(path: Path, steps: int, world_size: int = 2, kernels: list[str] = KERNELS) -> Path:
