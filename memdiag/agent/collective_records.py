@@ -497,8 +497,8 @@ def after(output: Any, ops: Any) -> Any:
 def mark_inputs(tensors: list[Any], made: dict[Any, Any] | None = None) -> tuple[replay.StaticShapes, list[Any]]:
     """For a native mark of ``tensors``' shapes: each shape known now (fully defined), None where it is
     not, and the mark's inputs: a shape op for each of the others, in order. ``made``: the shape ops made
-    for earlier marks in this graph (by tensor), reused (a collective's begin and end read its input's
-    shape from one op) and added to."""
+    for the begin marks of the collective being built (by tensor), reused (its begin and end read its
+    input's shape from one op) and added to."""
     static: replay.StaticShapes = [static_shape(t) if t.shape.is_fully_defined() else None for t in tensors]
     inputs = []
     for t, known in zip(tensors, static):
