@@ -214,6 +214,8 @@ def build(target: str, preset: str | None, run_dirs: Mapping[tuple[int, str], st
         "memory_environment": {k: v for s in summaries.values() for k, v in (s.get("memory_environment") or {}).items()},
         "all_ok": all(r["status"] == "ok" for r in rows),
         "noise_bytes": noise(rows),
+        # the run-to-run spread of the heaps' freed bytes, the largest over the repeated configurations
+        "heap_free_noise_bytes": heap_noise(rows),
         "noise_source": "repeats" if noise(rows) is not None else None,
     }
     if result["noise_bytes"] is None:
@@ -229,6 +231,10 @@ def with_repeats(row: CompareRow, runs: list[RunSummary]) -> CompareRow:
              if r.get("status") == "ok"]
     found: list[float] = [p for p in peaks if p]
     row["repeats"] = len(runs)
+    heaps = [h for r in runs if r.get("status") == "ok" and isinstance(h := r.get("heap_free_bytes_at_peak"), int)]
+    if len(heaps) > 1:  # glibc's heaps' freed bytes: their median over the repeats, and their spread
+        row["heap_free_bytes"] = statistics.median(heaps)
+        row["heap_free_spread_bytes"] = max(heaps) - min(heaps)
     if len(found) > 1:
         row["steady_peak_rss_bytes_median"] = statistics.median(found)
         row["peak_spread_bytes"] = max(found) - min(found)
@@ -240,6 +246,12 @@ def with_repeats(row: CompareRow, runs: list[RunSummary]) -> CompareRow:
 def noise(rows: Sequence[Mapping[str, Any]]) -> float | None:
     """The run-to-run noise of a per-rank peak: the largest spread over the repeated configurations."""
     spreads = [r["peak_spread_bytes"] for r in rows if r.get("peak_spread_bytes") is not None]
+    return max(spreads) if spreads else None
+
+
+def heap_noise(rows: Sequence[Mapping[str, Any]]) -> float | None:
+    """The run-to-run spread of the heaps' freed bytes: the largest over the repeated configurations."""
+    spreads = [r["heap_free_spread_bytes"] for r in rows if r.get("heap_free_spread_bytes") is not None]
     return max(spreads) if spreads else None
 
 

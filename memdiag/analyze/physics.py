@@ -29,6 +29,7 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
         except UserError:
             k = None
     noise_bytes = result.get("noise_bytes")
+    heap_noise = result.get("heap_free_noise_bytes")
 
     def peak(n: int | None, mode: str) -> float | None:
         row = by_key.get((n, mode)) if n is not None else None
@@ -69,6 +70,7 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
             return None
         return (high - low) / (b - a)
 
+    heap_growth = (result.get("heap_free_growth_bytes_per_rank") or {}).get("sparse")
     segments: list[GrowthSegment] = []
     for a, b in zip(fitted, fitted[1:]):
         low, high = peak(a, "sparse"), peak(b, "sparse")
@@ -78,13 +80,16 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
         gap = (measured - predicted_rss) * (b - a)  # what the model leaves over the segment
         # measured: what glibc's heaps held freed and kept grew by (resident memory in no tensor)
         heap_free = live_per_rank("heap_free_bytes", a, b)
-        kept = heap_free * (b - a) if heap_free is not None and heap_free > 0 else 0.0
+        # counted against the gap only where it grew beyond its own run-to-run spread (or there are no repeats)
+        heap_beyond = None if heap_free is None or heap_noise is None else bool(abs(heap_free) * (b - a) > heap_noise)
+        kept = heap_free * (b - a) if heap_free is not None and heap_free > 0 and heap_beyond is not False else 0.0
         segments.append({"from_world_size": a, "to_world_size": b, "measured_bytes_per_rank": measured,
                          "predicted_bytes_per_rank": predicted_rss, "unexplained_bytes_per_rank": measured - predicted_rss,
                          "beyond_noise": None if noise_bytes is None else bool(abs(gap) > noise_bytes),
                          "live_bytes_per_rank": live_per_rank("collective_live_peak_bytes", a, b),
                          "live_all_bytes_per_rank": live_per_rank("collective_live_all_peak_bytes", a, b),
                          "heap_free_bytes_per_rank": heap_free,
+                         "heap_free_beyond_noise": heap_beyond,
                          "beyond_noise_after_heap": None if noise_bytes is None or heap_free is None
                          else bool(abs(gap - kept) > noise_bytes)})
     return {
@@ -97,7 +102,11 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
         "sparse_segments": segments,
         "sparse_live_growth_bytes_per_rank": (result.get("live_growth_bytes_per_rank") or {}).get("sparse"),
         "sparse_live_all_growth_bytes_per_rank": (result.get("live_all_growth_bytes_per_rank") or {}).get("sparse"),
-        "sparse_heap_free_growth_bytes_per_rank": (result.get("heap_free_growth_bytes_per_rank") or {}).get("sparse"),
+        "sparse_heap_free_growth_bytes_per_rank": heap_growth,
+        # its change across the rank counts fitted against its own run-to-run spread (None: no repeats)
+        "sparse_heap_free_within_noise": None if heap_growth is None or heap_noise is None or len(fitted) < 2
+        else bool(abs(heap_growth) * (fitted[-1] - fitted[0]) <= heap_noise),
+        "heap_free_noise_bytes": heap_noise,
         "dense_change": None if not dense_low or dense_high is None else (dense_high - dense_low) / dense_low,
         "dense_peak_bytes": dense_high if dense_high is not None else peak(largest, "dense"),
         "auto_densified": densified,

@@ -276,7 +276,8 @@ class CompareRow(TypedDict, total=False):
     collective_peak_rss_bytes: int | None
     collective_live_peak_bytes: int | None
     collective_live_all_peak_bytes: int | None
-    heap_free_bytes: NotRequired[int | None]  # glibc's heaps' freed bytes at the largest rank's steady peak
+    heap_free_bytes: NotRequired[float | None]  # glibc's heaps' freed bytes at the largest rank's steady peak
+    heap_free_spread_bytes: NotRequired[float | None]  # with --repeats: their max - min over the repeats
     collective_bytes_per_rank: int
     allgather_bytes_per_rank: int
     allreduce_bytes_per_rank: int
@@ -331,6 +332,7 @@ class GrowthSegment(TypedDict):
     # measured: what glibc's heaps held freed and kept grew by, per added rank (the first run of each row;
     # None: not read), and whether the gap less that growth (where positive) is still beyond the noise
     heap_free_bytes_per_rank: NotRequired[float | None]
+    heap_free_beyond_noise: NotRequired[bool | None]  # that growth over the segment beyond its own spread
     beyond_noise_after_heap: NotRequired[bool | None]
 
 
@@ -346,6 +348,8 @@ class Physics(TypedDict, total=False):
     sparse_live_growth_bytes_per_rank: float | None  # modelled: the live collective outputs
     sparse_live_all_growth_bytes_per_rank: NotRequired[float | None]  # the same, every one alive at once
     sparse_heap_free_growth_bytes_per_rank: NotRequired[float | None]  # measured: glibc's heaps' freed bytes
+    sparse_heap_free_within_noise: NotRequired[bool | None]  # its change within its own run-to-run spread
+    heap_free_noise_bytes: NotRequired[float | None]
     dense_change: float | None
     dense_peak_bytes: float | None
     auto_densified: list[str]
@@ -462,6 +466,7 @@ class Comparison(TypedDict, total=False):
     live_growth_bytes_per_rank: dict[str, float | None]
     live_all_growth_bytes_per_rank: NotRequired[dict[str, float | None]]
     heap_free_growth_bytes_per_rank: NotRequired[dict[str, float | None]]  # glibc's heaps' freed bytes, measured
+    heap_free_noise_bytes: NotRequired[float | None]  # their largest spread over repeats (None: no repeats)
     growth_fitted_from_world_size: int
     predicted_growth_bytes_per_rank: int | None
     tensors: list[GrowthTensor]

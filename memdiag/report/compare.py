@@ -214,6 +214,21 @@ def second_look_outcome(again: RankOrderLook, mode: str, against: str, runs: str
 HEAP_SHOWN_BYTES = 2**20
 
 
+def heap_clause(p: Physics) -> str:
+    """What glibc's heaps' freed bytes did per added rank, for the verdict's sparse clause: "" where not read
+    or where they moved by less than HEAP_SHOWN_BYTES a rank; weighed against their own run-to-run spread
+    with repeats, named as one run's without."""
+    heap = p.get("sparse_heap_free_growth_bytes_per_rank")
+    if heap is None or abs(heap) < HEAP_SHOWN_BYTES:
+        return ""
+    within = p.get("sparse_heap_free_within_noise")
+    if within:
+        return (f"; glibc's heaps' freed memory moved by {_signed(heap)} per added rank, within its run-to-run "
+                f"spread ({format_bytes(p.get('heap_free_noise_bytes') or 0)})")
+    where = "measured at the largest rank's peak step" + ("" if within is False else ", one run")
+    return f"; glibc's heaps kept {_signed(heap)} per added rank of freed memory (resident, in no tensor; {where})"
+
+
 def physics_parts(p: Physics) -> list[str]:
     """The clauses of one engine's verdict sentence, from its ``physics`` figures."""
     parts = []
@@ -233,10 +248,7 @@ def physics_parts(p: Physics) -> list[str]:
                      f"from the records: {LIVE_ASSUMPTION})")
             part += live_bounds_text(growth, p["sparse_live_growth_bytes_per_rank"],
                                      p.get("sparse_live_all_growth_bytes_per_rank"))
-        heap = p.get("sparse_heap_free_growth_bytes_per_rank")
-        if heap is not None and abs(heap) >= HEAP_SHOWN_BYTES:
-            part += (f"; glibc's heaps kept {_signed(heap)} per added rank of freed memory (resident, in no "
-                     "tensor; measured at the largest rank's peak step)")
+        part += heap_clause(p)
         parts.append(part)
     if p.get("dense_peak_bytes") is not None:
         part = f"dense stays at {format_bytes(p['dense_peak_bytes'])}"
@@ -319,7 +331,8 @@ def segments_text(p: Physics) -> str:
         overlap = live_position(s["measured_bytes_per_rank"], one, every) == "between"
         heap = s.get("heap_free_bytes_per_rank")
         heap_text = (f"; glibc's heaps kept {_signed(heap)} per added rank of freed memory"
-                     if heap is not None and abs(heap) >= HEAP_SHOWN_BYTES else "")
+                     if heap is not None and abs(heap) >= HEAP_SHOWN_BYTES and s.get("heap_free_beyond_noise")
+                     is not False else "")
         kept = heap if heap_text and heap is not None and heap > 0 else 0.0
         if repeats and s["beyond_noise"] and not overlap and kept and s["unexplained_bytes_per_rank"] > 0:
             left = s["unexplained_bytes_per_rank"] - kept
