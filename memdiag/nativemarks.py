@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import subprocess
@@ -207,14 +208,10 @@ class Marks:
         return records
 
 
-_THROUGH_GRADIENT: list[bool] = []
-
-
+@functools.cache
 def _register_through_gradient() -> None:
     """The gradient of MemdiagMarkThrough, once in a process: each output's gradient goes to the input it
     hands on unchanged, as an Identity's does; the shapes it records have none."""
-    if _THROUGH_GRADIENT:
-        return
     import tensorflow as tf
 
     def gradient(op: Any, *grads: Any) -> list[Any]:
@@ -222,7 +219,6 @@ def _register_through_gradient() -> None:
 
     with contextlib.suppress(KeyError):  # registered already (a second Marks in one process)
         tf.RegisterGradient("MemdiagMarkThrough")(gradient)
-    _THROUGH_GRADIENT.append(True)
 
 
 def shape(record: npt.NDArray[np.int64] | list[int], i: int) -> list[int] | None:

@@ -237,14 +237,12 @@ class CollectiveRecords:
         ranks = [tensor.shape.rank for tensor in tensors]
         return all(rank is not None and rank <= MAX_VALUES for rank in ranks)
 
-    def _shapes(self, begin: bool = False) -> dict[Any, Any]:
+    def _shapes(self) -> dict[Any, Any]:
         """The shape ops made for the begin marks of the collective being built in this thread, by tensor
-        (:func:`mark_inputs`), so that its end reads its input's shape from the same op; a ``begin`` starts
-        them anew. Only from a begin to its end: an op made in one control-dependency or control-flow
-        context is not handed to another (in a TF1 graph a session would run what it waits for)."""
-        if begin or getattr(self._begun_shapes, "made", None) is None:
-            self._begun_shapes.made = {}
-        made: dict[Any, Any] = self._begun_shapes.made
+        (:func:`mark_inputs`), so that its end reads its input's shape from the same op. Each begin starts
+        them anew: an op made in one control-dependency or control-flow context is not handed to another
+        (in a TF1 graph a session would run what it waits for)."""
+        made: dict[Any, Any] = getattr(self._begun_shapes, "made", {})
         return made
 
     def _through(self, tensors: list[Any], outputs: list[Any]) -> bool:
@@ -343,7 +341,8 @@ class CollectiveRecords:
             begin(*[tensor.shape for _, tensor in items])
             return []
         tensors = [tensor for _, tensor in items]
-        self._shapes(begin=True)  # the shape ops of the begin before this one are not this end's
+        made: dict[Any, Any] = {}  # this collective's shape ops, not the one's before it (_shapes)
+        self._begun_shapes.made = made
         outside = self._outside_cond_fits(op, tensors)
         if outside is not None:
             outside.begins += [self._native_key(op, meta, world_size, [static_shape(tensor)])
@@ -366,7 +365,6 @@ class CollectiveRecords:
             # one mark per tensor: a record holds a few shapes; a shape known now is kept with the key,
             # not made an op (a constant under a control dependency is a node that runs every step)
             marks = []
-            made = self._shapes()
             for meta, tensor in zip(metas, tensors):
                 static, inputs = mark_inputs([tensor], made)
                 marks.append(self.native.mark(self._native_key(op, meta, world_size, static), BEGIN, inputs))

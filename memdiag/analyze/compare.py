@@ -215,7 +215,7 @@ def build(target: str, preset: str | None, run_dirs: Mapping[tuple[int, str], st
         "all_ok": all(r["status"] == "ok" for r in rows),
         "noise_bytes": noise(rows),
         # the run-to-run spread of the heaps' freed bytes, the largest over the repeated configurations
-        "heap_free_noise_bytes": heap_noise(rows),
+        "heap_free_noise_bytes": noise(rows, "heap_free_spread_bytes"),
         "noise_source": "repeats" if noise(rows) is not None else None,
     }
     if result["noise_bytes"] is None:
@@ -243,15 +243,10 @@ def with_repeats(row: CompareRow, runs: list[RunSummary]) -> CompareRow:
     return row
 
 
-def noise(rows: Sequence[Mapping[str, Any]]) -> float | None:
-    """The run-to-run noise of a per-rank peak: the largest spread over the repeated configurations."""
-    spreads = [r["peak_spread_bytes"] for r in rows if r.get("peak_spread_bytes") is not None]
-    return max(spreads) if spreads else None
-
-
-def heap_noise(rows: Sequence[Mapping[str, Any]]) -> float | None:
-    """The run-to-run spread of the heaps' freed bytes: the largest over the repeated configurations."""
-    spreads = [r["heap_free_spread_bytes"] for r in rows if r.get("heap_free_spread_bytes") is not None]
+def noise(rows: Sequence[Mapping[str, Any]], key: str = "peak_spread_bytes") -> float | None:
+    """The run-to-run noise of a per-rank peak (``key``: of another figure's spread, as the heaps' freed
+    bytes'): the largest spread over the repeated configurations."""
+    spreads = [r[key] for r in rows if r.get(key) is not None]
     return max(spreads) if spreads else None
 
 

@@ -62,8 +62,9 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
     if sparse_growth is not None and predicted_rss is not None and noise_bytes is not None and len(fitted) >= 2:
         growth_within_noise = abs(sparse_growth - predicted_rss) * (fitted[-1] - fitted[0]) <= noise_bytes
 
-    def live_per_rank(key: str, a: int, b: int) -> float | None:
-        """The live model's figure ``key`` of sparse's rows, per added rank between N=a and N=b."""
+    def per_rank(key: str, a: int, b: int) -> float | None:
+        """The figure ``key`` of sparse's rows (the live model's, the heaps' freed bytes), per added rank
+        between N=a and N=b."""
         rows = [by_key.get((n, "sparse")) for n in (a, b)]
         low, high = (None if row is None else row.get(key) for row in rows)
         if not isinstance(low, (int, float)) or not isinstance(high, (int, float)):
@@ -79,15 +80,15 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
         measured = (high - low) / (b - a)
         gap = (measured - predicted_rss) * (b - a)  # what the model leaves over the segment
         # measured: what glibc's heaps held freed and kept grew by (resident memory in no tensor)
-        heap_free = live_per_rank("heap_free_bytes", a, b)
+        heap_free = per_rank("heap_free_bytes", a, b)
         # counted against the gap only where it grew beyond its own run-to-run spread (or there are no repeats)
         heap_beyond = None if heap_free is None or heap_noise is None else bool(abs(heap_free) * (b - a) > heap_noise)
         kept = heap_free * (b - a) if heap_free is not None and heap_free > 0 and heap_beyond is not False else 0.0
         segments.append({"from_world_size": a, "to_world_size": b, "measured_bytes_per_rank": measured,
                          "predicted_bytes_per_rank": predicted_rss, "unexplained_bytes_per_rank": measured - predicted_rss,
                          "beyond_noise": None if noise_bytes is None else bool(abs(gap) > noise_bytes),
-                         "live_bytes_per_rank": live_per_rank("collective_live_peak_bytes", a, b),
-                         "live_all_bytes_per_rank": live_per_rank("collective_live_all_peak_bytes", a, b),
+                         "live_bytes_per_rank": per_rank("collective_live_peak_bytes", a, b),
+                         "live_all_bytes_per_rank": per_rank("collective_live_all_peak_bytes", a, b),
                          "heap_free_bytes_per_rank": heap_free,
                          "heap_free_beyond_noise": heap_beyond,
                          "beyond_noise_after_heap": None if noise_bytes is None or heap_free is None

@@ -329,8 +329,8 @@ class GrowthSegment(TypedDict):
     # one tensor's gathered outputs and quotient at a time, and every one's at once
     live_bytes_per_rank: NotRequired[float | None]
     live_all_bytes_per_rank: NotRequired[float | None]
-    # measured: what glibc's heaps held freed and kept grew by, per added rank (the first run of each row;
-    # None: not read), and whether the gap less that growth (where positive) is still beyond the noise
+    # measured: what glibc's heaps held freed and kept grew by, per added rank (each row's median over its
+    # repeats; None: not read), and whether the gap less that growth (where positive) is still beyond the noise
     heap_free_bytes_per_rank: NotRequired[float | None]
     heap_free_beyond_noise: NotRequired[bool | None]  # that growth over the segment beyond its own spread
     beyond_noise_after_heap: NotRequired[bool | None]
