@@ -22,6 +22,15 @@ def world_size_from_env() -> int:
     return launcher_env.current(os.environ).size
 
 
+def cpus_allowed() -> int | None:
+    """How many CPUs this process may run on (its affinity, as the launcher's binding left it): what
+    TensorFlow sizes its thread pools by. None where the platform cannot tell."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
 def mpi_version() -> str | None:
     try:
         from mpi4py import MPI

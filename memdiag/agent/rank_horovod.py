@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from memdiag.agent import replay
-from memdiag.agent.rank_env import EnvironmentProblem, mpi_version
+from memdiag.agent.rank_env import EnvironmentProblem, cpus_allowed, mpi_version
 from memdiag.agent.sampler import MemorySampler, read_rss
 from memdiag.agent.tracer import Tracer
 from memdiag.agent.workload_run import run_builtin, run_script
@@ -159,6 +159,7 @@ def _start_record(config: AgentConfig, hvd: Any, marks: str = "python", sampling
             "mpi": mpi,
         },
         cpu_count=os.cpu_count(),
+        cpus_allowed=cpus_allowed(),
         marks=marks,
         sampling=sampling,
         record_every_s=record_every_s,

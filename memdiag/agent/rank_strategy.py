@@ -13,7 +13,7 @@ import socket
 from typing import Any
 
 from memdiag import agreement
-from memdiag.agent.rank_env import mpi_version, ranks_on_node, world_size_from_env
+from memdiag.agent.rank_env import cpus_allowed, mpi_version, ranks_on_node, world_size_from_env
 from memdiag.agent.tracer import Tracer
 from memdiag.agent.workload_run import run_builtin, run_script
 from memdiag.agentconfig import AgentConfig
@@ -165,6 +165,7 @@ def _start_record(config: AgentConfig, extended: Any, tf_config: dict[str, Any])
         mode=config.mode,
         versions=versions,
         cpu_count=os.cpu_count(),
+        cpus_allowed=cpus_allowed(),
         tf_config={"source": source, "value": current,
                       # who chose the ports: the launcher (one host), or each rank (--hosts: its own
                       # address, how it found it, and its port)

@@ -159,6 +159,20 @@ def _add_merging(tensors: dict[str, GrowthTensor], summaries: dict[tuple[int, st
                           "merge_s_median": d.get("merge_s_median")}
 
 
+def binding(summaries: Mapping[tuple[int, str], RunSummary]) -> dict[str, list[int]] | None:
+    """The CPUs a rank could run on (its launcher's binding), by rank count: the values seen over the
+    modes' ranks. None when every rank could run on all of its host's CPUs, or none recorded it."""
+    seen: dict[int, set[int]] = {}
+    bound = False
+    for (n, _mode), summary in summaries.items():
+        for r in summary["ranks"]:
+            allowed, count = r.get("cpus_allowed"), r.get("cpu_count")
+            if isinstance(allowed, int):
+                seen.setdefault(n, set()).add(allowed)
+                bound = bound or (isinstance(count, int) and allowed < count)
+    return {str(n): sorted(v) for n, v in sorted(seen.items())} if bound else None
+
+
 def headline(rows: Sequence[Mapping[str, Any]]) -> str | None:
     """When a memory limit killed some runs and not others, that is the news."""
     killed = [r for r in rows if (r.get("failure") or {}).get("kind") == "mem-limit"]
@@ -211,6 +225,7 @@ def build(target: str, preset: str | None, run_dirs: Mapping[tuple[int, str], st
         "tensors": growth_tensors(summaries, fit_from),
         "correctness": correctness(firsts, summaries, verify_summary, order_dirs=order_dirs),
         "oversubscribed": any(s.get("oversubscribed") for s in summaries.values()),
+        "binding": binding(summaries),
         "memory_environment": {k: v for s in summaries.values() for k, v in (s.get("memory_environment") or {}).items()},
         "all_ok": all(r["status"] == "ok" for r in rows),
         "noise_bytes": noise(rows),

@@ -65,6 +65,9 @@ def rank_summary(records: RankRecords, live: dict[int, LiveStep] | None = None) 
         "rank": records.rank,
         "status": rank_status(records),
         "host": records.start.get("host") if records.start else None,
+        # the CPUs it could run on (the launcher's binding) and its host's CPUs, from its start record
+        "cpus_allowed": records.start.get("cpus_allowed") if records.start else None,
+        "cpu_count": records.start.get("cpu_count") if records.start else None,
         "steps_completed": len(steps),
         "last_step": max(step_ids) if step_ids else None,
         "peak_rss_bytes": max(peaks) if peaks else None,

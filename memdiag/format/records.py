@@ -39,6 +39,9 @@ class StartRecord(_Record, total=False):
     mode: str
     versions: dict[str, str | None]
     cpu_count: int | None  # os.cpu_count(): None where it cannot tell
+    # the CPUs the rank may run on (its affinity: the launcher's binding), which TensorFlow sizes its
+    # thread pools by; absent: not recorded
+    cpus_allowed: int | None
     engine: str  # tf-distribute only (absent: horovod)
     tf_config: dict[str, Any]  # tf-distribute: source (memdiag/environment/script) and value
     marks: str  # how collectives inside graphs are marked: native, or python (and why not native)

@@ -71,6 +71,8 @@ class RankSummary(TypedDict, total=False):
     rank: int
     status: str
     host: str | None
+    cpus_allowed: int | None  # the CPUs it could run on: its affinity, the launcher's binding (None: not recorded)
+    cpu_count: int | None  # its host's CPUs
     steps_completed: int
     last_step: int | None
     peak_rss_bytes: int | None
@@ -472,6 +474,9 @@ class Comparison(TypedDict, total=False):
     tensors: list[GrowthTensor]
     correctness: Correctness
     oversubscribed: bool
+    # the CPUs a rank could run on (the launcher's binding) by rank count, when some rank was bound to
+    # fewer than its host has (None: unbound everywhere, or not recorded)
+    binding: NotRequired[dict[str, list[int]] | None]
     memory_environment: dict[str, Any]
     all_ok: bool
     noise_bytes: float | None

@@ -41,6 +41,9 @@ class Launch:
     extra_env: dict[str, str] = field(default_factory=dict)
     mpirun_args: list[str] = field(default_factory=list)
     launcher: str = "mpirun"  # or "srun"
+    # Unbind the ranks (mpirun's --bind-to none): for built-in workloads, which size TensorFlow's pools to
+    # the cores themselves. A script runs where mpirun's own default puts it (see command()).
+    unbound: bool = False
 
 
 @dataclass(frozen=True)
@@ -68,15 +71,25 @@ def find_launcher(name: str) -> str:
     return find_mpirun()
 
 
+# Open MPI's binding policy, as an environment variable: how a user chooses one for memdiag's mpirun.
+BINDING_MCA = "OMPI_MCA_hwloc_base_binding_policy"
+
+
 def command(launch: Launch) -> list[str]:
+    """mpirun's (or srun's) command line. A script's ranks are bound as a plain ``mpirun -np N`` binds
+    them (Open MPI 4: each to a core while the ranks fit the host's cores, to nothing when they do not):
+    binding sets how many CPUs TensorFlow sees, and so the size of its thread pools and what they hold.
+    A user chooses another binding with ``OMPI_MCA_hwloc_base_binding_policy`` (e.g. ``none``)."""
     if launch.launcher == "srun":
         return _srun_command(launch)
-    cmd = [find_mpirun(), "-np", str(launch.world_size), "--oversubscribe", "--bind-to", "none"]
+    env = {**os.environ, **launch.extra_env}
+    cmd = [find_mpirun(), "-np", str(launch.world_size), "--oversubscribe"]
+    if launch.unbound and BINDING_MCA not in env:
+        cmd += ["--bind-to", "none"]
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
     if launch.hosts:
         cmd += ["-H", launch.hosts]
-    env = {**os.environ, **launch.extra_env}
     names = [k for k in env if k in _FORWARD or k.startswith(_FORWARD_PREFIXES)]
     for name in sorted(set(names)):
         cmd += ["-x", name]

@@ -356,7 +356,7 @@ def execute(request: RunRequest, on_steps: Callable[[int], None] | None = None,
     launch = mpirun.Launch(request.world_size, [config.encode()], hosts=options.hosts,
                            timeout_s=options.timeout_s, extra_env=extra_env,
                            mpirun_args=list(RANK_ORDER_MCA) if request.rank_order_allreduce else [],
-                           launcher=options.launcher)
+                           launcher=options.launcher, unbound=not config.is_script)
     watchers = [StepWatcher(os.path.join(out, rundir.rank_file(rank)))
                 for rank in range(request.world_size if on_ranks is not None else 1)]
     # With --spool local the ranks stream their records into the run directory too (about once a second).

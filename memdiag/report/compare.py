@@ -129,6 +129,13 @@ def environment_notes(result: Comparison | EnginesComparison, text: Text) -> Non
     if result.get("oversubscribed"):
         text.append("Ranks shared cores on this host: step times and throughput are not a scaling measurement.\n",
                     style="yellow")
+    bound = result.get("binding") if "engines" not in result else None
+    if isinstance(bound, dict) and bound:
+        cpus = ", ".join(f"{'/'.join(map(str, v))} at N={n}" for n, v in bound.items())
+        text.append(f"Ranks bound by the launcher, as a plain mpirun binds them: the CPUs each could run on went {cpus}. "
+                    "TensorFlow sizes its default thread pools by them"
+                    + (", so the rank counts ran different jobs per rank" if len({tuple(v) for v in bound.values()}) > 1
+                       else "") + " (OMPI_MCA_hwloc_base_binding_policy=none unbinds them).\n", style="yellow")
 
 
 def correctness_text(result: Comparison, text: Text) -> None:

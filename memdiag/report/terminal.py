@@ -64,10 +64,29 @@ def run_header(summary: RunSummary, manifest: RunManifest) -> Panel:
     elif versions:
         lines.append("\nTensorFlow {tensorflow}  Horovod {horovod}  {mpi}".format(
             tensorflow=versions.get("tensorflow"), horovod=versions.get("horovod"), mpi=mpi))
+    binding = binding_line(summary)
+    if binding:
+        lines.append("\n" + binding)
     if summary.get("oversubscribed"):
         lines.append("\nranks share cores on this host: step times are not a scaling measurement",
                      style="yellow")
     return Panel(lines, title="memdiag run", expand=False)
+
+
+def binding_line(summary: RunSummary) -> str | None:
+    """Where the launcher let the ranks run, when it bound them to fewer CPUs than their host has (as a
+    plain ``mpirun -np N`` does while the ranks fit the cores): TensorFlow sizes its default thread pools
+    by those CPUs, so a run bound differently is a different job. None: unbound, or not recorded."""
+    found = [(cpus, count) for r in summary["ranks"]
+             if isinstance(cpus := r.get("cpus_allowed"), int) and isinstance(count := r.get("cpu_count"), int)]
+    if not found or all(a >= c for a, c in found):
+        return None
+    allowed = sorted({a for a, _ in found})
+    counts = sorted({c for _, c in found})
+    span = str(allowed[0]) if len(allowed) == 1 else f"{allowed[0]}-{allowed[-1]}"
+    host = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    return (f"ranks bound by the launcher: each could run on {span} of its host's {host} CPUs, and TensorFlow "
+            "sized its default thread pools by them")
 
 
 def rank_table(summary: RunSummary) -> FitTable:

@@ -66,7 +66,7 @@ def _env(entry: dict, workdir: Path, data_dir: Path, steps: int | None = None) -
 
 
 def plain(entry: dict, workdir: Path, data_dir: Path) -> subprocess.CompletedProcess:
-    cmd = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none"]
+    cmd = ["mpirun", "-np", "2", "--oversubscribe"]  # as a user runs it: mpirun's own binding, as memdiag's
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
     return subprocess.run([*cmd, sys.executable, str(LAUNCH), str(ROOT / entry["path"]), *entry["args"]],

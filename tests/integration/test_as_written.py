@@ -45,7 +45,7 @@ def plain_mpirun(script: Path, args: list[str], timeline: Path, ranks: int = 2) 
     """The script under plain mpirun, as its user runs it, with Horovod's own timeline (let finish
     writing before the script's processes exit: plain_script.py)."""
     env = {**os.environ, "HOROVOD_TIMELINE": str(timeline), "TF_CPP_MIN_LOG_LEVEL": "2"}
-    cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none", "-x", "HOROVOD_TIMELINE",
+    cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "-x", "HOROVOD_TIMELINE",
            "-x", "TF_CPP_MIN_LOG_LEVEL"]
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")

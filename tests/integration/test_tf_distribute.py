@@ -154,7 +154,7 @@ def test_the_script_prints_the_same_under_plain_mpirun(as_written):
 
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_PORTS": ",".join(map(str, free_ports(N)))}
     env.pop("TF_CONFIG", None)
-    cmd = ["mpirun", "-np", str(N), "--oversubscribe", "--bind-to", "none", "-x", "TF_PORTS", "-x",
+    cmd = ["mpirun", "-np", str(N), "--oversubscribe", "-x", "TF_PORTS", "-x",
            "TF_CPP_MIN_LOG_LEVEL"] + (["-x", "PYTHONPATH"] if "PYTHONPATH" in env else [])
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")

@@ -257,3 +257,50 @@ def test_every_line_the_writer_writes_begins_with_its_type_and_the_reader_tells_
     for damaged in (b"", b'{"type":"st', b"not json", b'{"step": 1}', lines[0][:-3]):
         assert parse_line(damaged) is None
     assert line_kind(b'{"step":1,"type":"step"}') is None and parse_line(b'{"step":1,"type":"step"}') is not None
+
+
+def _with_start(path, fields_by_rank):
+    import json
+
+    for rank, fields in enumerate(fields_by_rank):
+        file = path / f"rank-{rank}.jsonl"
+        records = [json.loads(line) for line in file.read_text().splitlines()]
+        for record in records:
+            if record["type"] == "start":
+                record.update(fields)
+        file.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_a_binding_the_launcher_chose_reaches_the_summary_the_report_and_a_comparison(tmp_path):
+    from memdiag.analyze.compare import binding
+    from memdiag.report.terminal import binding_line
+
+    # GIVEN ranks that could each run on 1 of their host's 2 CPUs (mpirun's binding at N=2)
+    bound = make_run(tmp_path / "bound", world_size=2, steps=2)
+    _with_start(bound, [{"cpus_allowed": 1, "cpu_count": 2}] * 2)
+    s = summarize(load_run(str(bound)))
+    assert [(r["cpus_allowed"], r["cpu_count"]) for r in s["ranks"]] == [(1, 2), (1, 2)]
+    # THEN the run's header says so
+    line = binding_line(s)
+    assert line is not None and "each could run on 1 of its host's 2 CPUs" in line
+    # AND a comparison with an unbound N=4 names the CPUs by rank count
+    free = make_run(tmp_path / "free", world_size=4, steps=2)
+    _with_start(free, [{"cpus_allowed": 2, "cpu_count": 2}] * 4)
+    unbound = summarize(load_run(str(free)))
+    assert binding_line(unbound) is None
+    assert binding({(2, "sparse"): s, (4, "sparse"): unbound}) == {"2": [1], "4": [2]}
+    # unbound everywhere, or runs from before the field: nothing to say
+    assert binding({(4, "sparse"): unbound}) is None
+    older = summarize(load_run(str(make_run(tmp_path / "older", world_size=2, steps=2))))
+    assert binding_line(older) is None and binding({(2, "sparse"): older}) is None
+    # AND the comparison's notes say the rank counts ran different jobs per rank
+    from rich.text import Text
+
+    from memdiag.report.compare import environment_notes
+
+    text = Text()
+    environment_notes({"binding": {"2": [1], "4": [2]}}, text)
+    assert "went 1 at N=2, 2 at N=4" in text.plain and "different jobs per rank" in text.plain
+    text = Text()
+    environment_notes({"binding": None}, text)
+    assert text.plain == ""
