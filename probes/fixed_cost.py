@@ -77,7 +77,7 @@ def run_once(variant: str, ranks: int, steps: int, tmp: str, tag: str, hidden: i
         env["MEMDIAG_MARKS"] = "python"
     out = os.path.join(tmp, tag)
     if variant == "plain":
-        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks),
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks),
                sys.executable, SCRIPT, *script_args]
     else:
         sampling = {"memdiag-sample5": ["--sample-ms", "5"], "memdiag-every-step": ["--record-every", "0"]}.get(variant, [])

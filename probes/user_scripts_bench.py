@@ -55,7 +55,7 @@ MiB = 2**20
 
 
 def mpirun_base(ranks: int) -> list[str]:
-    cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none", "-x", "HOROVOD_TIMELINE",
+    cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "-x", "HOROVOD_TIMELINE",
            "-x", "TF_CPP_MIN_LOG_LEVEL"]
     return cmd + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
 

@@ -47,7 +47,7 @@ MiB = 2**20
 def plain(script: str, args: list[str], ranks: int, work: str) -> dict:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     timed = ["sh", "-c", 'exec /usr/bin/time -f "memdiag-watch-hwm rank=$OMPI_COMM_WORLD_RANK kib=%M" "$@"', "sh"]
-    cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none", "-x", "TF_CPP_MIN_LOG_LEVEL",
+    cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "-x", "TF_CPP_MIN_LOG_LEVEL",
            *(["--allow-run-as-root"] if os.geteuid() == 0 else []), *timed, sys.executable, script, *args]
     start = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=1200)
