@@ -42,6 +42,11 @@ def eager_cases() -> None:
            lambda: hvd.grouped_allreduce([slices(), slices()], op=hvd.Max))
     answer("eager grouped_allreduce mixed op=Min",
            lambda: hvd.grouped_allreduce([slices(), tf.ones([4])], op=hvd.Min))
+    # as Horovod's own test file builds them: an IndexedSlices whose values are a Python list of tensors
+    listed = [tf.IndexedSlices([tf.ones([1, 3])], tf.convert_to_tensor([hvd.rank()])), tf.ones([1, 3])]
+    answer("eager grouped_allreduce list-valued IndexedSlices op=Min",
+           lambda: hvd.grouped_allreduce(listed, op=hvd.Min))
+    answer("eager allreduce list-valued IndexedSlices op=Max", lambda: hvd.allreduce(listed[0], op=hvd.Max))
     answer("eager allreduce of a list", lambda: hvd.allreduce([1.0, 2.0]))
     answer("eager grouped_allreduce empty", lambda: hvd.grouped_allreduce([]))
     answer("eager allgather", lambda: hvd.allgather(tf.ones([2 + hvd.rank(), 3])))

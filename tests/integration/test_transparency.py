@@ -37,6 +37,18 @@ def test_horovods_own_errors_reach_the_script_unchanged(wrong_calls):
     assert ANSWER.findall((out / "mpirun.log").read_text()) == answers
 
 
+def test_a_call_horovod_refuses_is_left_to_it_without_memdiag_failing_to_label_it(wrong_calls):
+    _, under, out = wrong_calls
+    # GIVEN IndexedSlices with an op Horovod refuses, one of them with a Python list for values (as
+    # Horovod's own test file makes them): Horovod raises before any collective runs
+    failed = [r["what"] for r in read_records(out / "rank-0.jsonl") if r["type"] == "bookkeeping"
+              and r["what"].startswith("label")]
+    # THEN memdiag leaves those calls to Horovod without labelling them: the one label that failed is the
+    # script's allreduce of a plain Python list, which Horovod cannot reduce either (AttributeError)
+    assert failed == ["label an allreduce"]
+    assert "could not label a grouped" not in under.stdout
+
+
 def test_a_script_that_succeeds_gives_a_run_that_succeeded(wrong_calls):
     _, under, out = wrong_calls
     # a graph gone out of scope left variables memdiag cannot read at the end: not the script's failure
