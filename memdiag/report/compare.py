@@ -129,7 +129,7 @@ def environment_notes(result: Comparison | EnginesComparison, text: Text) -> Non
     if result.get("oversubscribed"):
         text.append("Ranks shared cores on this host: step times and throughput are not a scaling measurement.\n",
                     style="yellow")
-    bound = result.get("binding") if "engines" not in result else None
+    bound = result.get("binding")
     if isinstance(bound, dict) and bound:
         cpus = ", ".join(f"{'/'.join(map(str, v))} at N={n}" for n, v in bound.items())
         text.append(f"Ranks bound by the launcher, as a plain mpirun binds them: the CPUs each could run on went {cpus}. "
