@@ -62,14 +62,24 @@ class _CondEnds:
     (:meth:`CollectiveRecords._outside_cond`): one end mark for them all, made when the graph's building
     ends, after every cond's outputs and every begin mark. A gradient reduction is a cond per gradient,
     and an end mark each would be a node per gradient, about 22 KB of a rank's peak each and a share of
-    the first call's instantiation (probes/mark_node_cost.py); each all-reduce keeps its own begin mark
-    and its own key, and carries the time the last of the graph's completed."""
+    the first call's instantiation (probes/mark_node_cost.py); each all-reduce keeps its own key, and
+    carries the time the last of the graph's completed. A cond whose inputs hold at least
+    :data:`SHARED_BEGIN_BYTES` has a begin mark of its own; the smaller ones share one, made with the end
+    mark, that waits for all their inputs: their records start when the last of them was ready."""
 
-    __slots__ = ("keys", "waits")
+    __slots__ = ("keys", "waits", "begin_keys", "begin_waits")
 
     def __init__(self) -> None:
         self.keys: list[int] = []  # the end keys of every all-reduce, in the order made
         self.waits: list[Any] = []  # what the end mark waits for: the conds' outputs and the begin marks
+        self.begin_keys: list[int] = []  # the begin keys of the small conds' all-reduces (one shared mark)
+        self.begin_waits: list[Any] = []  # what their shared begin mark waits for: those conds' inputs
+
+
+# A cond's inputs below this many bytes share the graph's one begin mark (_CondEnds) rather than have their
+# own: a begin mark is a node of about 28 KB of a rank's peak (a tf.function of 500 gradients of 64 bytes,
+# traced twice: docs/notes/performance.md), and a collective of less than this cannot move RSS by more.
+SHARED_BEGIN_BYTES = 64 * 1024
 
 
 class CollectiveRecords:
@@ -103,6 +113,7 @@ class CollectiveRecords:
         self._groups_lock = threading.RLock()  # taken before self._lock, never inside it
         self._outside = threading.local()  # .cond: the _Outside of the Horovod cond being built in this thread
         self._begun_shapes = threading.local()  # .made: the Shape ops of the begin being built (_shapes)
+        self.begins_shared = 0  # all-reduces of small conds that began with their graph's shared mark
 
     # -- native marks ---------------------------------------------------------------------------------
     def use_native(self, marks: Any, record_every_s: float = 0.0, keys: replay.KeysFile | None = None) -> None:
@@ -214,7 +225,7 @@ class CollectiveRecords:
         with self._groups_lock:
             group = self._set_up.pop(graph, None)
             conds = self._cond_ends.pop(graph, None)
-        from memdiag.nativemarks import END
+        from memdiag.nativemarks import BEGIN, END
 
         def end(keys: list[int], waits: list[Any]) -> None:
             key = keys[0] if len(keys) == 1 else self._group_key(keys)
@@ -225,7 +236,16 @@ class CollectiveRecords:
             self._guard("mark the end of a graph's broadcasts",
                         lambda: end([k for k, _ in group.ends], [o for _, o in group.ends]))
         if conds is not None and conds.keys:
-            self._guard("mark the end of a graph's all-reduces", lambda: end(conds.keys, conds.waits))
+            def ends() -> None:
+                waits = conds.waits
+                if conds.begin_keys:  # the small conds' shared begin, before the end that waits for it
+                    key = conds.begin_keys[0] if len(conds.begin_keys) == 1 else self._group_key(conds.begin_keys)
+                    with graph.as_default(), tf.control_dependencies(None), \
+                            tf.control_dependencies(conds.begin_waits):
+                        waits = [*waits, self.native.mark(key, BEGIN, [])]
+                end(conds.keys, waits)
+
+            self._guard("mark the end of a graph's all-reduces", ends)
 
     def _native_fits(self, tensors: Any) -> bool:
         """Whether native marks are on and every tensor's shape fits a native record (a known rank of
@@ -294,8 +314,21 @@ class CollectiveRecords:
             return members[0] if len(members) == 1 else self._group_key(members)
 
         def mark() -> None:
+            waited = tensors(inputs)
+            if self._closes_graphs and outside.ends and _bytes(waited) < SHARED_BEGIN_BYTES:
+                # a small cond: its begin is the graph's shared one, made with the end mark (_CondEnds)
+                with self._groups_lock:
+                    ends = self._cond_ends.get(graph)
+                    if ends is None:
+                        ends = self._cond_ends[graph] = _CondEnds()
+                    ends.begin_keys += outside.begins
+                    ends.begin_waits += waited
+                    ends.keys += outside.ends
+                    ends.waits += tensors(result)
+                    self.begins_shared += len(outside.begins)
+                return
             with tf.control_dependencies(None):
-                with tf.control_dependencies(tensors(inputs)):
+                with tf.control_dependencies(waited):
                     begin = self.native.mark(key(outside.begins), BEGIN, [])
                 if not outside.ends:
                     return
@@ -513,3 +546,16 @@ def mark_inputs(tensors: list[Any], made: dict[Any, Any] | None = None) -> tuple
 
 def static_shape(tensor: Any) -> list[int]:
     return [int(d) for d in tensor.shape]
+
+
+def _bytes(tensors: list[Any]) -> float:
+    """The bytes of ``tensors`` by the shapes known now; infinite where one is not fully known."""
+    total = 0
+    for tensor in tensors:
+        if not tensor.shape.is_fully_defined():
+            return float("inf")
+        try:
+            total += tensor.shape.num_elements() * tensor.dtype.size
+        except (TypeError, ValueError):  # a dtype of no fixed size (a resource, a variant, a string)
+            return float("inf")
+    return total

@@ -289,6 +289,7 @@ class EndRecord(_Record, total=False):
     sampler_cpu_s: float | None  # CPU seconds of memdiag's sampling thread (None: it did not end)
     bookkeeping_failures: dict[str, int]  # what memdiag could not do -> how often (absent: nothing failed)
     mark_ops: int  # native mark ops memdiag added to the job's graphs (docs/reference/records.md)
+    begins_shared: int  # all-reduces of small conds that began with their graph's one shared mark
 
 
 class OwnWorkRecord(_Record, total=False):

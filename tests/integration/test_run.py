@@ -128,15 +128,19 @@ def test_each_rank_measures_what_memdiag_itself_added_before_step_0(sparse_run):
         [end] = [r for r in records if r["type"] == "end"]
         # the native marks' ring is resident from the set-up on, and inside what the set-up grew RSS by
         assert start["marks"] == "native" and 0 < start["marks_ring_bytes"] <= start["own_setup_rss_bytes"] < 64 * 2**20
-        # the workload's step, traced once: a begin mark per all-reduce (each in a Horovod cond of its own)
-        # and one end mark for all of the graph's conds, a begin and an end per allgather; its set-up
-        # graph's broadcasts: one begin and one end for them all
-        collectives = {(r["name"], r["op"], r.get("part")) for r in records if r["type"] == "collective" and r["step"] >= 0}
-        reduced = sum(1 for _, op, _ in collectives if op == "allreduce")
-        gathered = sum(1 for _, op, _ in collectives if op == "allgather")
+        # the workload's step, traced once: a begin mark per all-reduce of 64 KiB or more (each in a Horovod
+        # cond of its own), one shared by the smaller ones, and one end mark for all of the graph's conds; a
+        # begin and an end per allgather; its set-up graph's broadcasts: one begin and one end for them all
+        collectives = {(r["name"], r["op"], r.get("part"), r["bytes_in"]) for r in records
+                       if r["type"] == "collective" and r["step"] >= 0}
+        reduced = [size for _, op, _, size in collectives if op == "allreduce"]
+        large = sum(1 for size in reduced if size >= 64 * 1024)
+        gathered = sum(1 for _, op, _, _ in collectives if op == "allgather")
         broadcast = {r["name"] for r in records if r["type"] == "collective" and r["op"] == "broadcast"}
-        assert reduced and gathered and len(broadcast) > 1 and reduced + gathered == len(collectives)
-        assert end["mark_ops"] == reduced + 1 + 2 * gathered + 2, (end["mark_ops"], reduced, gathered)
+        assert large and len(reduced) > large and gathered and len(broadcast) > 1
+        assert len(reduced) + gathered == len(collectives)
+        assert end["mark_ops"] == large + 1 + 1 + 2 * gathered + 2, (end["mark_ops"], reduced, gathered)
+        assert end["begins_shared"] == len(reduced) - large
     assert "memdiag's own set-up grew RSS by" in " ".join(result.stdout.split())
 
 

@@ -105,7 +105,8 @@ def test_memdiag_s_own_set_up_and_mark_ops_reach_the_summary_and_the_report_name
 
     from memdiag.report.terminal import own_memory_line
 
-    # GIVEN two ranks whose set-up grew RSS by 5 and 7 MiB (3 MiB of it the ring), with 40 and 44 mark ops
+    # GIVEN two ranks whose set-up grew RSS by 5 and 7 MiB (3 MiB of it the ring), with 40 and 44 mark ops,
+    # and 300 all-reduces on each that began with a shared mark
     path = make_run(tmp_path / "r", world_size=2, steps=2)
     for rank, (setup, ops) in enumerate([(5 * 2**20, 40), (7 * 2**20, 44)]):
         file = path / f"rank-{rank}.jsonl"
@@ -114,16 +115,17 @@ def test_memdiag_s_own_set_up_and_mark_ops_reach_the_summary_and_the_report_name
             if record["type"] == "start":
                 record.update(own_setup_rss_bytes=setup, marks_ring_bytes=3 * 2**20)
             if record["type"] == "end":
-                record["mark_ops"] = ops
+                record.update(mark_ops=ops, begins_shared=300)
         file.write_text("".join(json.dumps(r) + "\n" for r in records))
     s = summarize(load_run(str(path)))
-    assert [(r["own_setup_rss_bytes"], r["marks_ring_bytes"], r["mark_ops"]) for r in s["ranks"]] == \
-        [(5 * 2**20, 3 * 2**20, 40), (7 * 2**20, 3 * 2**20, 44)]
+    assert [(r["own_setup_rss_bytes"], r["marks_ring_bytes"], r["mark_ops"], r["begins_shared"]) for r in s["ranks"]] == \
+        [(5 * 2**20, 3 * 2**20, 40, 300), (7 * 2**20, 3 * 2**20, 44, 300)]
     # THEN the report names the largest set-up and its rank, the ring within it, and the most mark ops
     line = own_memory_line(s)
     assert line is not None
     assert line.startswith("memdiag's own set-up grew RSS by 7 MiB on rank 1 (the largest; before step 0")
     assert "3 MiB of it the native marks' ring" in line and "it added 44 mark ops" in line
+    assert "300 all-reduces of under 64 KiB began with one mark their graph's shared" in line
     # runs from before the fields have no line
     assert own_memory_line({"ranks": [{**r, "own_setup_rss_bytes": None} for r in s["ranks"]]}) is None
 

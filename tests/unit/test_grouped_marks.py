@@ -1,6 +1,7 @@
 """Native marks that stand for several collectives: a function graph's broadcasts (one begin and one end
 mark for all of them), one op of many tensors (one begin and one end mark per op) and a function graph's
-all-reduces in Horovod's conds (a begin mark each, one end mark for all), each collective still recorded
+all-reduces in Horovod's conds (a begin mark each, or one for those under 64 KiB, and one end mark for
+all), each collective still recorded
 on its own, as one mark per collective recorded it."""
 
 from __future__ import annotations
@@ -175,10 +176,10 @@ def test_a_tf1_graphs_broadcasts_keep_a_mark_each_and_run_when_fetched(marks, tm
     assert [name for _, _, name, _, _ in _collectives(traced.records())] == ["var_0", "var_1", "var_2"]
 
 
-def _cond_step(hooks, runs: bool, tensors: int = 1):
+def _cond_step(hooks, runs: bool, tensors: int = 1, elements: int = 8):
     """A step whose gradients are each reduced in a tf.cond of their own, as Horovod's _allreduce_cond
     builds it (the stand-in all-reduce an identity with memdiag's begin and record around it), through
-    memdiag's placement of the marks around the cond."""
+    memdiag's placement of the marks around the cond; each gradient a float32 tensor of ``elements``."""
 
     def reduce(i: int, grad):
         origins = [Origin(f"grad_{i}_{j}", gradient=True, reduce_op="average") for j in range(tensors)]
@@ -196,43 +197,60 @@ def _cond_step(hooks, runs: bool, tensors: int = 1):
 
     @tf.function(autograph=False)  # memdiag's wrappers run its hooks unconverted
     def step(x):
-        reduced = [reduce(i, tf.reshape(x, [2, 4]) + float(i)) for i in range(3)]
+        reduced = [reduce(i, tf.reshape(x, [2, elements // 2]) + float(i)) for i in range(3)]
         return tf.add_n([tf.reduce_sum(r) for r in tf.nest.flatten(reduced)])
 
     return step
 
 
-@pytest.mark.parametrize("tensors", [1, 2])
-def test_a_horovod_conds_all_reduces_are_marked_around_it_and_the_cond_stays_stateless(marks, tmp_path, tensors):
-    # GIVEN three gradients each reduced in a cond of its own (two tensors a cond: a grouped all-reduce)
+@pytest.mark.parametrize(("tensors", "elements"), [(1, 8), (2, 8), (1, 16384), (2, 16384)])
+def test_a_horovod_conds_all_reduces_are_marked_around_it_and_the_cond_stays_stateless(marks, tmp_path, tensors,
+                                                                                       elements):
+    # GIVEN three gradients each reduced in a cond of its own (two tensors a cond: a grouped all-reduce),
+    # of 32 bytes each or of 64 KiB each
     traced = Traced(tmp_path, marks)
-    step = _cond_step(traced.hooks, runs=True, tensors=tensors)
-    graph = step.get_concrete_function(tf.TensorSpec([8])).graph
+    step = _cond_step(traced.hooks, runs=True, tensors=tensors, elements=elements)
+    graph = step.get_concrete_function(tf.TensorSpec([elements])).graph
     # THEN no mark is inside a cond: each cond is stateless, as plain Horovod builds it
     ifs = [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
     assert [op.type for op in ifs] == ["StatelessIf"] * 3
     for op in ifs:
         assert not [o for o in op._true_graph.get_operations() if o.type == "MemdiagMark"]
-    # AND a begin mark per cond stands beside it, and one end mark for the graph's conds, after every
-    # cond's outputs and every begin
+    # AND a cond of 64 KiB of inputs has a begin mark of its own beside it, which waits for its inputs;
+    # smaller conds share one begin mark, which waits for all their inputs
     outer = [op for op in graph.get_operations() if op.type == "MemdiagMark"]
-    assert sorted(op.get_attr("kind") for op in outer) == [nativemarks.BEGIN] * 3 + [nativemarks.END]
-    [end] = [op for op in outer if op.get_attr("kind") == nativemarks.END]
-    waits = {o if o.type != "Identity" else o.inputs[0].op for o in end.control_inputs}  # cond_v2's outputs
-    assert waits == set(ifs) | {op for op in outer if op.get_attr("kind") == nativemarks.BEGIN}
+    begins = [op for op in outer if op.get_attr("kind") == nativemarks.BEGIN]
+    large = elements * 4 >= 64 * 1024
+    assert len(begins) == (3 if large else 1)
+    assert traced.hooks.begins_shared == (0 if large else 3 * tensors)
+    cond_inputs = [{t.op for t in op.inputs[1:]} for op in ifs]  # each cond's inputs, its predicate left out
+    waited = [{o.inputs[0].op if o.type == "Identity" else o for o in b.control_inputs} for b in begins]
+    if large:
+        assert sorted(map(sorted_names, waited)) == sorted(map(sorted_names, cond_inputs))
+    else:
+        assert waited == [set().union(*cond_inputs)]
+    # AND one end mark for the graph's conds, after every cond's outputs and every begin
+    ends = [op for op in outer if op.get_attr("kind") == nativemarks.END]
+    assert len(ends) == 1
+    waits = {o if o.type != "Identity" else o.inputs[0].op for o in ends[0].control_inputs}  # cond_v2's outputs
+    assert waits == set(ifs) | set(begins)
     # AND nothing waits for a mark: the conds run as they would unmarked
     assert not any(op.control_inputs and any(c.type == "MemdiagMark" for c in op.control_inputs)
                    for op in graph.get_operations() if op.type != "MemdiagMark" and op.type != "NoOp")
     # AND each all-reduce is recorded step by step, with its shapes
     for i in range(2):
-        step(tf.fill([8], float(i)))
+        step(tf.fill([elements], float(i)))
     traced.hooks.drain()
     assert traced.tracer.in_flight() is None
     collectives = _collectives(traced.records())
     assert len(collectives) == 2 * 3 * tensors
     assert {(name, shape_in) for _, _, name, shape_in, _ in collectives} == {
-        (f"grad_{i}_{j}", (2, 4)) for i in range(3) for j in range(tensors)}
+        (f"grad_{i}_{j}", (2, elements // 2)) for i in range(3) for j in range(tensors)}
     assert sorted({s for s, *_ in collectives}) == [0, 1]
+
+
+def sorted_names(ops) -> list[str]:
+    return sorted(op.name for op in ops)
 
 
 def test_a_cond_whose_branch_never_runs_is_not_marked_nor_recorded(marks, tmp_path):
