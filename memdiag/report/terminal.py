@@ -256,8 +256,8 @@ def own_memory_line(summary: RunSummary) -> str | None:
                  "whose memory is in the steps' figures and not measured per run (docs/explanation/overhead.md)")
     shared = max((r.get("begins_shared") or 0 for r in summary["ranks"]), default=0)
     if shared:
-        line += (f"; {shared} all-reduces of under 64 KiB began with their graph's one shared begin mark, so "
-                 "their records start when the last of them was ready")
+        line += (f"; {shared} all-reduces of under 64 KiB (counted in each graph traced) began with their graph's "
+                 "one shared begin mark, so their records start when the last of them was ready")
     if work:
         line += f"; its {work}"
     return line

@@ -125,7 +125,7 @@ def test_memdiag_s_own_set_up_and_mark_ops_reach_the_summary_and_the_report_name
     assert line is not None
     assert line.startswith("memdiag's own set-up grew RSS by 7 MiB on rank 1 (the largest; before step 0")
     assert "3 MiB of it the native marks' ring" in line and "it added 44 mark ops" in line
-    assert "300 all-reduces of under 64 KiB began with their graph's one shared begin mark" in line
+    assert "300 all-reduces of under 64 KiB (counted in each graph traced) began with their graph's one shared" in line
     # runs from before the fields have no line
     assert own_memory_line({"ranks": [{**r, "own_setup_rss_bytes": None} for r in s["ranks"]]}) is None
 
