@@ -318,9 +318,7 @@ class CollectiveRecords:
             if self._closes_graphs and outside.ends and _bytes(waited) < SHARED_BEGIN_BYTES:
                 # a small cond: its begin is the graph's shared one, made with the end mark (_CondEnds)
                 with self._groups_lock:
-                    ends = self._cond_ends.get(graph)
-                    if ends is None:
-                        ends = self._cond_ends[graph] = _CondEnds()
+                    ends = self._cond_ends_of(graph)
                     ends.begin_keys += outside.begins
                     ends.begin_waits += waited
                     ends.keys += outside.ends
@@ -334,9 +332,7 @@ class CollectiveRecords:
                     return
                 if self._closes_graphs:  # the graph's end closes them: one end mark for all its conds
                     with self._groups_lock:
-                        ends = self._cond_ends.get(graph)
-                        if ends is None:
-                            ends = self._cond_ends[graph] = _CondEnds()
+                        ends = self._cond_ends_of(graph)
                         ends.keys += outside.ends
                         ends.waits += [*tensors(result), begin]
                     return
@@ -345,6 +341,14 @@ class CollectiveRecords:
 
         self._guard("mark an all-reduce around its cond", mark)
         return result
+
+    def _cond_ends_of(self, graph: Any) -> _CondEnds:
+        """The conds marked so far in ``graph`` being built (:class:`_CondEnds`), made at the first
+        (``_groups_lock`` held)."""
+        ends = self._cond_ends.get(graph)
+        if ends is None:
+            ends = self._cond_ends[graph] = _CondEnds()
+        return ends
 
     def _outside_cond_fits(self, op: str, tensors: list[Any]) -> _Outside | None:
         """The cond being built, where this collective's marks go outside it (:meth:`_outside_cond`)."""
