@@ -29,7 +29,9 @@ clock and memdiag's run.json and records:
 and, for memdiag, the CPU time of its sampling thread (mean over the ranks, from their ``end`` records),
 
 then, per variant, the medians, and the fixed and per-step costs fitted (least squares) to the
-median walls over S, with memdiag's minus plain's::
+median walls over S, with memdiag's minus plain's, and the direct per-step figure: each run's mean step
+after the first (the script's own clock: no trace in it), at the largest S, medians and spreads, the
+difference called within noise when it is no larger than the larger spread::
 
     .venv/bin/python probes/fixed_cost.py [--np 2] [--steps 1 30 150] [--repeats 3]
         [--variants plain memdiag memdiag-python memdiag-sample5]
@@ -122,8 +124,11 @@ def run_once(variant: str, ranks: int, steps: int, tmp: str, tag: str, hidden: i
         parts["collect"] = manifest["finished"] - mpirun_end
         parts["summary+report"] = t1 - manifest["finished"]
     step_time = parts["steps"] / steps
+    # the steps after the first, each: no trace in them, so the per-step cost without the first step's noise
+    after_first = ((marks["last_step_end"] - marks["first_step_end"]) / (steps - 1)
+                   if steps > 1 and "first_step_end" in marks else None)
     return {"variant": variant, "steps": steps, "wall": t1 - t0, "cpu": cpu1 - cpu0, "parts": parts,
-            "step_time": step_time, "marks": marks_used}
+            "step_time": step_time, "after_first": after_first, "marks": marks_used}
 
 
 def _fit(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -206,7 +211,25 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{variant}'s sampling thread: {thread * 1e3:.2f} ms of CPU a step a rank "
                       f"({100 * thread / plain_step:.1f}% of plain's step), from its CPU's slope")
             print()
+        _after_first(runs, variant, max(args.steps))
     return 0
+
+
+def _after_first(runs: list[dict], variant: str, steps: int) -> None:
+    """The direct per-step figure: each run's mean step after the first (the script's own clock), at the
+    largest step count, medians and spreads of the runs, and the difference weighed against the spread."""
+    values = {v: [r["after_first"] for r in runs if r["variant"] == v and r["steps"] == steps
+                  and r["after_first"] is not None] for v in ("plain", variant)}
+    if not values["plain"] or not values[variant]:
+        return
+    med = {v: statistics.median(xs) for v, xs in values.items()}
+    spread = {v: max(xs) - min(xs) for v, xs in values.items()}
+    diff = med[variant] - med["plain"]
+    verdict = "within noise" if abs(diff) <= max(spread.values()) else "beyond the spread"
+    print(f"steps after the first, at {steps} steps ({len(values['plain'])} and {len(values[variant])} runs): "
+          f"plain {med['plain'] * 1e3:.2f} ms (spread {spread['plain'] * 1e3:.2f}), {variant} "
+          f"{med[variant] * 1e3:.2f} ms (spread {spread[variant] * 1e3:.2f}): {diff * 1e3:+.2f} ms a step "
+          f"({100 * diff / med['plain']:+.1f}%), {verdict}\n")
 
 
 if __name__ == "__main__":
