@@ -10,10 +10,15 @@ Jobs (``--jobs``, comma-separated):
     manyvars    probes/many_variables_script.py: 1,000 variables of 16 floats, 5 steps
 
 Per run: the wall time of the whole command (``mpirun ...`` against ``memdiag run ...``, which includes
-memdiag's collect, summary and report), and each rank's VmHWM (plain: GNU time's maximum resident set
+memdiag's collect, summary and report), split into parts (plain: the longest rank process, start to
+exit, from GNU time, and the rest around it; memdiag: its launcher before mpirun, mpirun to the first
+agent's ``start`` record (Python and the agent's imports of TensorFlow and Horovod, which the script's
+own imports then find done), the ranks from there to the last ``end`` record, on to mpirun's exit,
+collecting the records, and the summary and report), and each rank's VmHWM (plain: GNU time's maximum resident set
 size of each rank; memdiag: the ``end`` record's ``hwm_bytes``, the kernel's VmHWM of the same process).
 Printed per job: medians and spreads (max - min over the repeats), the wall ratio and difference, and per
-rank the VmHWM difference against the larger spread ("within noise" when it is smaller)::
+rank the VmHWM difference against the larger spread ("within noise" when it is smaller), and each
+variant's parts, medians::
 
     .venv/bin/python probes/watch_cost.py [--ranks 2] [--repeats 3] [--jobs mobilenet,resnet50,manyvars]
         [--json FILE]
@@ -40,13 +45,14 @@ JOBS = {
     "resnet50": (BENCH, [*SYNTHETIC, "--model", "ResNet50", "--batch-size", "2"]),
     "manyvars": (os.path.join(ROOT, "probes", "many_variables_script.py"), ["--variables", "1000", "--steps", "5"]),
 }
-HWM_LINE = re.compile(r"memdiag-watch-hwm rank=(\d+) kib=(\d+)")
+HWM_LINE = re.compile(r"memdiag-watch-hwm rank=(\d+) kib=(\d+) s=([0-9.]+)")
 MiB = 2**20
 
 
 def plain(script: str, args: list[str], ranks: int, work: str) -> dict:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    timed = ["sh", "-c", 'exec /usr/bin/time -f "memdiag-watch-hwm rank=$OMPI_COMM_WORLD_RANK kib=%M" "$@"', "sh"]
+    timed = ["sh", "-c", 'exec /usr/bin/time -f "memdiag-watch-hwm rank=$OMPI_COMM_WORLD_RANK kib=%M s=%e" "$@"',
+             "sh"]
     cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "-x", "TF_CPP_MIN_LOG_LEVEL",
            *(["--allow-run-as-root"] if os.geteuid() == 0 else []), *timed, sys.executable, script, *args]
     start = time.monotonic()
@@ -54,24 +60,38 @@ def plain(script: str, args: list[str], ranks: int, work: str) -> dict:
     wall = time.monotonic() - start
     if done.returncode != 0:
         raise SystemExit(f"plain run of {script} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    hwm = {int(r): int(k) * 1024 for r, k in HWM_LINE.findall(done.stdout + done.stderr)}
-    return {"wall": wall, "hwm": [hwm[r] for r in range(ranks)]}
+    found = HWM_LINE.findall(done.stdout + done.stderr)
+    hwm = {int(r): int(k) * 1024 for r, k, _ in found}
+    ranks_s = max(float(s) for _, _, s in found)  # the longest rank process, start to exit
+    return {"wall": wall, "hwm": [hwm[r] for r in range(ranks)],
+            "split": {"ranks": ranks_s, "around the ranks": wall - ranks_s}}
 
 
 def traced(script: str, args: list[str], ranks: int, work: str) -> dict:
     out = os.path.join(work, "run")
-    start = time.monotonic()
+    start, clock = time.monotonic(), time.time()
     done = subprocess.run([sys.executable, "-m", "memdiag", "run", script, "-n", str(ranks), "--out", out, "--", *args],
                           capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=1200)
     wall = time.monotonic() - start
     if done.returncode != 0:
         raise SystemExit(f"memdiag run of {script} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    hwm = []
+    hwm, starts, ends = [], [], []
     for rank in range(ranks):
         with open(os.path.join(out, f"rank-{rank}.jsonl"), encoding="utf-8") as f:
-            ends = [json.loads(line) for line in f if line.startswith('{"type":"end"')]
-        hwm.append(ends[-1]["hwm_bytes"])
-    return {"wall": wall, "hwm": hwm}
+            records = [json.loads(line) for line in f if line.startswith(('{"type":"end"', '{"type":"start"'))]
+        hwm.append([r for r in records if r["type"] == "end"][-1]["hwm_bytes"])
+        starts.append(min(r["t"] for r in records if r["type"] == "start"))
+        ends.append(max(r["t"] for r in records if r["type"] == "end"))
+    with open(os.path.join(out, "run.json"), encoding="utf-8") as f:
+        manifest = json.load(f)
+    mpirun_end = manifest["created"] + manifest["wall_s"]
+    return {"wall": wall, "hwm": hwm, "split": {
+        "launcher": manifest["created"] - clock,
+        "to the agents' start": min(starts) - manifest["created"],  # mpirun, Python, the agent's imports
+        "ranks": max(ends) - min(starts),  # from the first agent's start record to the last end record
+        "to mpirun's exit": mpirun_end - max(ends),
+        "collect": manifest["finished"] - mpirun_end,
+        "summary and report": clock + wall - manifest["finished"]}}
 
 
 def spread(values: list[float]) -> float:
@@ -102,12 +122,16 @@ def main() -> None:
                     result = variant(script, script_args, args.ranks, work)
                 runs["plain" if variant is plain else "memdiag"].append(result)
                 print(f"  {name} {'plain' if variant is plain else 'memdiag'}: wall {result['wall']:.1f} s, VmHWM "
-                      + " / ".join(f"{h / MiB:.0f}" for h in result["hwm"]) + " MiB", flush=True)
+                      + " / ".join(f"{h / MiB:.0f}" for h in result["hwm"]) + " MiB; "
+                      + ", ".join(f"{k} {v:.1f} s" for k, v in result["split"].items()), flush=True)
         results[name] = runs
         walls = {v: [r["wall"] for r in rs] for v, rs in runs.items()}
         p, m = statistics.median(walls["plain"]), statistics.median(walls["memdiag"])
         print(f"{name}: wall plain {p:.1f} s (spread {spread(walls['plain']):.1f}), memdiag {m:.1f} s "
               f"(spread {spread(walls['memdiag']):.1f}): ratio {m / p:.2f}, +{m - p:.1f} s")
+        for variant, rs in runs.items():
+            print(f"  {variant}, medians: " + ", ".join(f"{k} {statistics.median(r['split'][k] for r in rs):.1f} s"
+                                                         for k in rs[0]["split"]))
         for rank in range(args.ranks):
             ph = [r["hwm"][rank] for r in runs["plain"]]
             mh = [r["hwm"][rank] for r in runs["memdiag"]]
