@@ -19,6 +19,7 @@ from memdiag.analyze.correctness import correctness
 from memdiag.analyze.model import linear_fit
 from memdiag.analyze.physics import physics
 from memdiag.analyze.predicted import predicted_gathered
+from memdiag.analyze.ranks_spread import rank_mean, within_run
 from memdiag.format import rundir
 from memdiag.format.results import CompareRow, Comparison, GrowthTensor, RunSummary
 
@@ -44,6 +45,9 @@ def table_row(summary: RunSummary, run_dir: str) -> CompareRow:
         "collective_live_peak_bytes": summary.get("collective_live_peak_bytes_max"),
         "collective_live_all_peak_bytes": summary.get("collective_live_all_peak_bytes_max"),
         "heap_free_bytes": summary.get("heap_free_bytes_at_peak"),
+        # the mean over the ranks of their steady peaks, and the ranks' spread about it (ranks_spread)
+        "rank_mean_peak_rss_bytes": rank_mean(_rank_peaks(summary)),
+        "rank_spread": _within_runs([summary]),
         "collective_bytes_per_rank": max((r["collective_bytes_per_step"] for r in ranks), default=0),
         "allgather_bytes_per_rank": max((r["allgather_bytes_per_step"] for r in ranks), default=0),
         "allreduce_bytes_per_rank": max((r["allreduce_bytes_per_step"] for r in ranks), default=0),
@@ -220,6 +224,9 @@ def build(target: str, preset: str | None, run_dirs: Mapping[tuple[int, str], st
         # measured: what glibc's heaps held freed and kept at the largest rank's steady peak (agent.heap)
         "heap_free_growth_bytes_per_rank": growth([r for r in rows if r.get("heap_free_bytes") is not None],
                                                   "heap_free_bytes", fit_from),
+        # the mean over the ranks' steady peaks, without the largest of more ranks standing higher (ranks_spread)
+        "rank_mean_growth_bytes_per_rank": growth([r for r in rows if r.get("rank_mean_peak_rss_bytes") is not None],
+                                                  "rank_mean_peak_rss_bytes", fit_from),
         "growth_fitted_from_world_size": fit_from,
         "predicted_growth_bytes_per_rank": predicted_growth(summaries, fit_from),
         "tensors": growth_tensors(summaries, fit_from),
@@ -250,12 +257,28 @@ def with_repeats(row: CompareRow, runs: list[RunSummary]) -> CompareRow:
     if len(heaps) > 1:  # glibc's heaps' freed bytes: their median over the repeats, and their spread
         row["heap_free_bytes"] = statistics.median(heaps)
         row["heap_free_spread_bytes"] = max(heaps) - min(heaps)
+    means = [m for r in runs if r.get("status") == "ok" and (m := rank_mean(_rank_peaks(r))) is not None]
+    if len(means) > 1:
+        row["rank_mean_peak_rss_bytes"] = statistics.median(means)
+    if len(runs) > 1:
+        row["rank_spread"] = _within_runs([r for r in runs if r.get("status") == "ok"])
     if len(found) > 1:
         row["steady_peak_rss_bytes_median"] = statistics.median(found)
         row["peak_spread_bytes"] = max(found) - min(found)
     else:
         row["peak_spread_bytes"] = None
     return row
+
+
+def _rank_peaks(summary: RunSummary) -> list[float | None]:
+    return [r.get("steady_peak_rss_bytes") for r in summary.get("ranks", [])]
+
+
+def _within_runs(runs: Sequence[RunSummary]) -> list[float] | None:
+    """[sum of squared deviations of the ranks' steady peaks from their run's mean, degrees of freedom],
+    summed over ``runs`` (None: no run of two ranks or more with every rank's peak)."""
+    parts = [part for r in runs if (part := within_run(_rank_peaks(r))) is not None]
+    return [sum(s for s, _ in parts), sum(d for _, d in parts)] if parts else None
 
 
 def noise(rows: Sequence[Mapping[str, Any]], key: str = "peak_spread_bytes") -> float | None:

@@ -7,6 +7,7 @@ Also which phase set each peak, and whether each difference is larger than the n
 from __future__ import annotations
 
 from memdiag._errors import UserError
+from memdiag.analyze.ranks_spread import largest_of_ranks_growth, pooled_sd
 from memdiag.format.results import Comparison, GrowthSegment, Physics, RunSummary
 
 
@@ -72,6 +73,10 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
         return (high - low) / (b - a)
 
     heap_growth = (result.get("heap_free_growth_bytes_per_rank") or {}).get("sparse")
+    # the largest of more ranks stands higher by the ranks' spread alone (memdiag.analyze.ranks_spread)
+    spread_parts = [(spread[0], int(spread[1])) for n in fitted
+                    if (spread := (by_key.get((n, "sparse")) or {}).get("rank_spread"))]
+    rank_sd = pooled_sd(spread_parts) if len(fitted) >= 2 else None
     segments: list[GrowthSegment] = []
     for a, b in zip(fitted, fitted[1:]):
         low, high = peak(a, "sparse"), peak(b, "sparse")
@@ -104,6 +109,10 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
         "sparse_live_growth_bytes_per_rank": (result.get("live_growth_bytes_per_rank") or {}).get("sparse"),
         "sparse_live_all_growth_bytes_per_rank": (result.get("live_all_growth_bytes_per_rank") or {}).get("sparse"),
         "sparse_heap_free_growth_bytes_per_rank": heap_growth,
+        "sparse_rank_mean_growth_bytes_per_rank": (result.get("rank_mean_growth_bytes_per_rank") or {}).get("sparse"),
+        "sparse_rank_sd_bytes": rank_sd,
+        "sparse_largest_of_ranks_growth_bytes_per_rank": None if rank_sd is None
+        else largest_of_ranks_growth(rank_sd, fitted),
         # its change across the rank counts fitted against its own run-to-run spread (None: no repeats)
         "sparse_heap_free_within_noise": None if heap_growth is None or heap_noise is None or len(fitted) < 2
         else bool(abs(heap_growth) * (fitted[-1] - fitted[0]) <= heap_noise),

@@ -281,6 +281,10 @@ class CompareRow(TypedDict, total=False):
     collective_live_all_peak_bytes: int | None
     heap_free_bytes: NotRequired[float | None]  # glibc's heaps' freed bytes at the largest rank's steady peak
     heap_free_spread_bytes: NotRequired[float | None]  # with --repeats: their max - min over the repeats
+    # the mean of each run's ranks' steady peaks (median over the repeats), and the ranks' spread about their
+    # run's mean: [sum of squared deviations, degrees of freedom] over the row's runs (memdiag.analyze.ranks_spread)
+    rank_mean_peak_rss_bytes: NotRequired[float | None]
+    rank_spread: NotRequired[list[float] | None]
     collective_bytes_per_rank: int
     allgather_bytes_per_rank: int
     allreduce_bytes_per_rank: int
@@ -351,6 +355,11 @@ class Physics(TypedDict, total=False):
     sparse_live_growth_bytes_per_rank: float | None  # modelled: the live collective outputs
     sparse_live_all_growth_bytes_per_rank: NotRequired[float | None]  # the same, every one alive at once
     sparse_heap_free_growth_bytes_per_rank: NotRequired[float | None]  # measured: glibc's heaps' freed bytes
+    # the mean over the ranks' peaks, per added rank; the ranks' spread within a run (pooled standard
+    # deviation) and what it makes the largest of N ranks grow by alone (memdiag.analyze.ranks_spread)
+    sparse_rank_mean_growth_bytes_per_rank: NotRequired[float | None]
+    sparse_rank_sd_bytes: NotRequired[float | None]
+    sparse_largest_of_ranks_growth_bytes_per_rank: NotRequired[float | None]
     sparse_heap_free_within_noise: NotRequired[bool | None]  # its change within its own run-to-run spread
     heap_free_noise_bytes: NotRequired[float | None]
     dense_change: float | None
@@ -470,6 +479,7 @@ class Comparison(TypedDict, total=False):
     live_all_growth_bytes_per_rank: NotRequired[dict[str, float | None]]
     heap_free_growth_bytes_per_rank: NotRequired[dict[str, float | None]]  # glibc's heaps' freed bytes, measured
     heap_free_noise_bytes: NotRequired[float | None]  # their largest spread over repeats (None: no repeats)
+    rank_mean_growth_bytes_per_rank: NotRequired[dict[str, float | None]]  # of the mean over the ranks' peaks
     growth_fitted_from_world_size: int
     predicted_growth_bytes_per_rank: int | None
     tensors: list[GrowthTensor]

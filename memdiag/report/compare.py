@@ -236,6 +236,22 @@ def heap_clause(p: Physics) -> str:
     return f"; glibc's heaps kept {_signed(heap)} per added rank of freed memory (resident, in no tensor; {where})"
 
 
+def ranks_clause(p: Physics) -> str:
+    """The growth of the mean over the ranks' peaks beside the largest rank's, and what the ranks' spread
+    alone makes the largest of more ranks grow by (memdiag.analyze.ranks_spread): "" where the two growths
+    differ by less than HEAP_SHOWN_BYTES a rank (ranks alike) or a figure is missing."""
+    growth, mean = p.get("sparse_growth_bytes_per_rank"), p.get("sparse_rank_mean_growth_bytes_per_rank")
+    if growth is None or mean is None or abs(growth - mean) < HEAP_SHOWN_BYTES:
+        return ""
+    text = f"; the mean over the ranks grows {_signed(mean)} per added rank"
+    largest, sd = p.get("sparse_largest_of_ranks_growth_bytes_per_rank"), p.get("sparse_rank_sd_bytes")
+    if largest is not None and sd:
+        text += (f", and the largest of more ranks stands {_signed(largest)} per added rank higher by the ranks' "
+                 f"spread alone (standard deviation {format_bytes(sd)} between the ranks of a run, taken as normal "
+                 "draws)")
+    return text
+
+
 def physics_parts(p: Physics) -> list[str]:
     """The clauses of one engine's verdict sentence, from its ``physics`` figures."""
     parts = []
@@ -250,6 +266,7 @@ def physics_parts(p: Physics) -> list[str]:
                 against = "noise" if p.get("noise_source") == "repeats" else "the spread between one run's ranks"
                 part += f", within {against}" if within else f", beyond {against}"
             part += ")"
+        part += ranks_clause(p)
         if p.get("sparse_live_growth_bytes_per_rank") is not None:
             part += (f"; its live collective buffers {_signed(p['sparse_live_growth_bytes_per_rank'])} (modelled "
                      f"from the records: {LIVE_ASSUMPTION})")
