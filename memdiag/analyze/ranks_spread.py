@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from memdiag.analyze.model import linear_fit
+
 
 def expected_largest_normal(n: int, steps: int = 4000) -> float:
     """The expected largest of ``n`` independent standard normal draws (n >= 1): the integral of
@@ -64,9 +66,5 @@ def largest_of_ranks_growth(sigma: float, world_sizes: Sequence[int]) -> float |
     """Per added rank, the least-squares slope of ``sigma x e(N)`` over ``world_sizes``: what the largest
     rank's peak grows by from the ranks' spread alone (None with fewer than two rank counts)."""
     points = sorted(set(world_sizes))
-    if len(points) < 2:
-        return None
-    ys = [sigma * expected_largest_normal(n) for n in points]
-    mx, my = sum(points) / len(points), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in points)
-    return sum((x - mx) * (y - my) for x, y in zip(points, ys)) / sxx
+    fit = linear_fit([float(n) for n in points], [sigma * expected_largest_normal(n) for n in points])
+    return None if fit is None else fit[0]

@@ -217,16 +217,17 @@ def second_look_outcome(again: RankOrderLook, mode: str, against: str, runs: str
     return apart + f", less than from {against}\n"
 
 
-# glibc's heaps' freed bytes are named in a verdict where they grew (or fell) by at least this per added rank
-HEAP_SHOWN_BYTES = 2**20
+# a per-added-rank figure beside the growth (glibc's heaps' freed bytes; the mean over the ranks' peaks against
+# the largest rank's) is named in a verdict where it moved by at least this per added rank
+SHOWN_PER_RANK_BYTES = 2**20
 
 
 def heap_clause(p: Physics) -> str:
     """What glibc's heaps' freed bytes did per added rank, for the verdict's sparse clause: "" where not read
-    or where they moved by less than HEAP_SHOWN_BYTES a rank; weighed against their own run-to-run spread
+    or where they moved by less than SHOWN_PER_RANK_BYTES a rank; weighed against their own run-to-run spread
     with repeats, named as one run's without."""
     heap = p.get("sparse_heap_free_growth_bytes_per_rank")
-    if heap is None or abs(heap) < HEAP_SHOWN_BYTES:
+    if heap is None or abs(heap) < SHOWN_PER_RANK_BYTES:
         return ""
     within = p.get("sparse_heap_free_within_noise")
     if within:
@@ -239,9 +240,9 @@ def heap_clause(p: Physics) -> str:
 def ranks_clause(p: Physics) -> str:
     """The growth of the mean over the ranks' peaks beside the largest rank's, and what the ranks' spread
     alone makes the largest of more ranks grow by (memdiag.analyze.ranks_spread): "" where the two growths
-    differ by less than HEAP_SHOWN_BYTES a rank (ranks alike) or a figure is missing."""
+    differ by less than SHOWN_PER_RANK_BYTES a rank (ranks alike) or a figure is missing."""
     growth, mean = p.get("sparse_growth_bytes_per_rank"), p.get("sparse_rank_mean_growth_bytes_per_rank")
-    if growth is None or mean is None or abs(growth - mean) < HEAP_SHOWN_BYTES:
+    if growth is None or mean is None or abs(growth - mean) < SHOWN_PER_RANK_BYTES:
         return ""
     text = f"; the mean over the ranks grows {_signed(mean)} per added rank"
     largest, sd = p.get("sparse_largest_of_ranks_growth_bytes_per_rank"), p.get("sparse_rank_sd_bytes")
@@ -355,7 +356,7 @@ def segments_text(p: Physics) -> str:
         overlap = live_position(s["measured_bytes_per_rank"], one, every) == "between"
         heap = s.get("heap_free_bytes_per_rank")
         heap_text = (f"; glibc's heaps kept {_signed(heap)} per added rank of freed memory"
-                     if heap is not None and abs(heap) >= HEAP_SHOWN_BYTES and s.get("heap_free_beyond_noise")
+                     if heap is not None and abs(heap) >= SHOWN_PER_RANK_BYTES and s.get("heap_free_beyond_noise")
                      is not False else "")
         kept = heap if heap_text and heap is not None and heap > 0 else 0.0
         if repeats and s["beyond_noise"] and not overlap and kept and s["unexplained_bytes_per_rank"] > 0:
