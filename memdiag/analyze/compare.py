@@ -265,6 +265,8 @@ def with_repeats(row: CompareRow, runs: list[RunSummary]) -> CompareRow:
     if len(found) > 1:
         row["steady_peak_rss_bytes_median"] = statistics.median(found)
         row["peak_spread_bytes"] = max(found) - min(found)
+        row["peak_sd_bytes"] = statistics.stdev(found)
+        row["peak_runs"] = len(found)
     else:
         row["peak_spread_bytes"] = None
     return row

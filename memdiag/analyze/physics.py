@@ -7,6 +7,7 @@ Also which phase set each peak, and whether each difference is larger than the n
 from __future__ import annotations
 
 from memdiag._errors import UserError
+from memdiag.analyze.precision import repeats_for, slope_standard_error
 from memdiag.analyze.ranks_spread import largest_of_ranks_growth, pooled_sd
 from memdiag.format.results import Comparison, GrowthSegment, Physics, RunSummary
 
@@ -77,6 +78,11 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
     spread_parts = [(spread[0], int(spread[1])) for n in fitted
                     if (spread := (by_key.get((n, "sparse")) or {}).get("rank_spread"))]
     rank_sd = pooled_sd(spread_parts) if len(fitted) >= 2 else None
+    # how precisely the repeats pin the growth (memdiag.analyze.precision): None without repeats at every N
+    precision_points = [(float(n), float(sd), int(row["peak_runs"])) for n in fitted
+                        if (sd := (row := by_key[(n, "sparse")]).get("peak_sd_bytes")) is not None]
+    growth_se = slope_standard_error(precision_points) if len(precision_points) == len(fitted) else None
+    binding = result.get("binding") or {}
     segments: list[GrowthSegment] = []
     for a, b in zip(fitted, fitted[1:]):
         low, high = peak(a, "sparse"), peak(b, "sparse")
@@ -98,6 +104,11 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
                          "heap_free_beyond_noise": heap_beyond,
                          "beyond_noise_after_heap": None if noise_bytes is None or heap_free is None
                          else bool(abs(gap - kept) > noise_bytes)})
+        # ranks bound alike at both ends or not at all: nothing to say; else the segment spans a change of the
+        # CPUs each rank could run on, which TensorFlow's thread pools follow (memdiag.analyze.compare.binding)
+        low_cpus, high_cpus = binding.get(str(a)), binding.get(str(b))
+        if low_cpus and high_cpus and low_cpus != high_cpus:
+            segments[-1]["cpus_per_rank"] = [low_cpus, high_cpus]
     return {
         "largest_world_size": largest,
         "cost_per_gathered_byte": k,
@@ -113,6 +124,10 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
         "sparse_rank_sd_bytes": rank_sd,
         "sparse_largest_of_ranks_growth_bytes_per_rank": None if rank_sd is None
         else largest_of_ranks_growth(rank_sd, fitted),
+        "sparse_growth_se_bytes_per_rank": growth_se,
+        "sparse_growth_repeats": None if growth_se is None else min(r for _, _, r in precision_points),
+        "sparse_growth_repeats_for_tenth": None if growth_se is None or not predicted_rss
+        else repeats_for(growth_se, min(r for _, _, r in precision_points), 0.1 * abs(predicted_rss)),
         # its change across the rank counts fitted against its own run-to-run spread (None: no repeats)
         "sparse_heap_free_within_noise": None if heap_growth is None or heap_noise is None or len(fitted) < 2
         else bool(abs(heap_growth) * (fitted[-1] - fitted[0]) <= heap_noise),

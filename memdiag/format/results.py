@@ -271,6 +271,9 @@ class CompareRow(TypedDict, total=False):
     # step ran), the median over the row's repeats (one run: that run's)
     steady_peak_rss_bytes_median: float | None  # None: no rank recorded a peak
     peak_spread_bytes: float | None  # with --repeats: max - min over the repeats (the noise)
+    # with --repeats: the sample standard deviation of the repeats' peaks (memdiag.analyze.precision)
+    peak_sd_bytes: NotRequired[float | None]
+    peak_runs: NotRequired[int]  # the repeats with a peak, which peak_sd_bytes is of
     repeats: int
     first_step_peak_rss_bytes: int | None
     steady: bool | None
@@ -341,6 +344,8 @@ class GrowthSegment(TypedDict):
     heap_free_bytes_per_rank: NotRequired[float | None]
     heap_free_beyond_noise: NotRequired[bool | None]  # that growth over the segment beyond its own spread
     beyond_noise_after_heap: NotRequired[bool | None]
+    # the CPUs a rank could run on at each end, where the launcher's binding made them differ (else absent)
+    cpus_per_rank: NotRequired[list[list[int]]]
 
 
 class Physics(TypedDict, total=False):
@@ -360,6 +365,11 @@ class Physics(TypedDict, total=False):
     sparse_rank_mean_growth_bytes_per_rank: NotRequired[float | None]
     sparse_rank_sd_bytes: NotRequired[float | None]
     sparse_largest_of_ranks_growth_bytes_per_rank: NotRequired[float | None]
+    # with --repeats: the growth's standard error from the repeats' spread, and about how many repeats at
+    # each rank count would put two of it within 10% of k x the formula (memdiag.analyze.precision)
+    sparse_growth_se_bytes_per_rank: NotRequired[float | None]
+    sparse_growth_repeats: NotRequired[int | None]  # the fewest repeats of a rank count it is from
+    sparse_growth_repeats_for_tenth: NotRequired[int | None]
     sparse_heap_free_within_noise: NotRequired[bool | None]  # its change within its own run-to-run spread
     heap_free_noise_bytes: NotRequired[float | None]
     dense_change: float | None

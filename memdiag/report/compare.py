@@ -385,6 +385,12 @@ def segments_text(p: Physics) -> str:
         bounds = live_bounds_text(s["measured_bytes_per_rank"], one, every)
         if bounds:
             clause += f"; live buffers {_signed(one)} one tensor at a time" + bounds
+        cpus = s.get("cpus_per_rank")
+        if cpus:
+            low_cpus, high_cpus = ("/".join(map(str, c)) for c in cpus)
+            clause += (f"; its ranks could run on {low_cpus} CPU(s) at N={s['from_world_size']} and {high_cpus} at "
+                       f"N={s['to_world_size']} (the launcher's binding), and TensorFlow sizes its thread pools by "
+                       "them: the segment spans that change too")
         shown.append(clause + heap_text)
     text = "Sparse growth by segment: " + "; ".join(shown) + "."
     if not repeats:
@@ -403,6 +409,21 @@ def noise_phrase(noise: float | None, source: str | None, whose: str = "") -> st
     return f"Run-to-run noise{whose}: {format_bytes(noise)}."
 
 
+def precision_phrase(p: Physics) -> str:
+    """How precisely the repeats pin sparse's growth (memdiag.analyze.precision): "" without repeats at every
+    rank count fitted."""
+    se = p.get("sparse_growth_se_bytes_per_rank")
+    if se is None:
+        return ""
+    text = (f"Sparse's growth: \u00b1{format_bytes(se)} per added rank, one standard error from the repeats' "
+            "spread (run back to back: a slower drift of the machine is not in it)")
+    needed = p.get("sparse_growth_repeats_for_tenth")
+    if needed is not None:
+        text += (f"; about {needed} repeats at each N put two standard errors within 10% of the model"
+                 if needed > (p.get("sparse_growth_repeats") or 0) else "; two standard errors are within 10% of the model")
+    return text + "."
+
+
 def physics_verdict(result: Comparison) -> Text:
     """The comparison in one sentence with its numbers, then which phase set each mode's peaks."""
     p = result.get("physics")
@@ -412,7 +433,9 @@ def physics_verdict(result: Comparison) -> Text:
     parts = physics_parts(p)
     if parts:
         text.append("; ".join(parts) + ".", style="bold")
-        text.append(" " + noise_phrase(p.get("noise_bytes"), p.get("noise_source")) + "\n")
+        text.append(" " + noise_phrase(p.get("noise_bytes"), p.get("noise_source")))
+        precision = precision_phrase(p)
+        text.append((" " + precision if precision else "") + "\n")
     segments = segments_text(p)
     if segments:
         text.append(segments + "\n")
