@@ -85,6 +85,7 @@ class Marks:
         c.memdiag_ring_read.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, ctypes.c_int64]
         self._c = c
         self.ops_made = 0  # mark ops added to graphs (each a node every call of its graph runs)
+        self.op_heap_bytes: int | None = None  # the C heap a mark op takes, as calibrate() measured it at the build
         self.words = int(c.memdiag_ring_record_words())
         self.capacity = int(c.memdiag_ring_capacity())
         self._next = int(c.memdiag_ring_head())  # records before this process's first read are not its
@@ -247,8 +248,9 @@ def load(environ: Any = None, ring_file: str | None = None) -> tuple[Marks | Non
     import tensorflow as tf
 
     try:
-        built = json.loads(BUILT_FOR.read_text()).get("tensorflow")
-    except (OSError, ValueError):
+        built_for = json.loads(BUILT_FOR.read_text())
+        built = built_for.get("tensorflow")
+    except (OSError, ValueError, AttributeError):
         return None, f"python (native marks not built: {BUILD})"
     if built != tf.__version__:
         return None, f"python (native marks built for TensorFlow {built}, running {tf.__version__})"
@@ -258,7 +260,70 @@ def load(environ: Any = None, ring_file: str | None = None) -> tuple[Marks | Non
         return None, f"python (native marks did not load: {type(exc).__name__})"
     if marks.words != RECORD_WORDS:  # built from another version of mark_op.cc, whose records differ
         return None, f"python (native marks built from another mark_op.cc: {BUILD})"
+    heap = built_for.get(HEAP_KEY)
+    marks.op_heap_bytes = heap if isinstance(heap, int) and heap > 0 else None
     return marks, "native"
+
+
+CALIBRATION_CONDS = 64  # conds in each of the calibration's two functions
+HEAP_KEY = "mark_op_heap_bytes"  # calibrate()'s figure in BUILT_FOR, beside the TensorFlow version
+
+
+def calibrate(conds: int = CALIBRATION_CONDS, library: Path = LIBRARY) -> int | None:
+    """The C heap a mark op takes in a graph, in bytes: two ``tf.function`` of ``conds`` conds each, one
+    with a begin and an end mark around every cond (as memdiag marks Horovod's conds) and one without,
+    each traced and called once; the heap's in-use bytes (``mallinfo2()``: TensorFlow's graph, function
+    library and kernels) grown by the one beyond the other, per mark. Python's own small objects (under a
+    KiB a mark, measured) are not in it. None where the library does not load or there is no ``mallinfo2``."""
+    import gc
+
+    import tensorflow as tf
+
+    from memdiag.mallinfo import mallinfo2
+
+    info = mallinfo2()
+    if info is None:
+        return None
+    try:
+        marks = Marks(library)
+    except Exception:  # noqa: BLE001 - no library: nothing to measure
+        return None
+    value = tf.Variable(tf.ones([4]))
+    kept = []  # every function stays alive: one freed while another is measured would hide its bytes
+
+    def in_use() -> int:
+        now = info()
+        return int(now.uordblks + now.hblkhd)
+
+    def grown(marked: bool) -> int:
+        def body() -> Any:
+            outputs = []
+            for i in range(conds):
+                x = tf.identity(value)
+                if marked:
+                    with tf.control_dependencies([x]):
+                        begin = marks.mark(i, BEGIN, [])
+                y = tf.cond(tf.constant(True), lambda x=x: x * 2.0, lambda x=x: tf.identity(x))
+                if marked:
+                    with tf.control_dependencies([y, begin]):
+                        marks.mark(i, END, [])
+                outputs.append(y)
+            return tf.add_n(outputs)
+
+        step = tf.function(body, autograph=False)
+        gc.collect()  # what earlier objects left to free is freed before, not during, the reading
+        before = in_use()
+        step()
+        gc.collect()
+        kept.append(step)
+        return in_use() - before
+
+    grown(False)  # the first function traced in a process sets up what every later one shares
+    marks.mark(0, BEGIN, [])  # and the first mark op made in it, what every later one shares
+    plain = grown(False)
+    made = marks.ops_made
+    marked = grown(True)
+    return max(0, round((marked - plain) / max(1, marks.ops_made - made)))
 
 
 # The ring file's layout (memdiag/native/mark_op.cc, struct State): a header, the slots, the samples.
@@ -303,9 +368,38 @@ def read_ring_file(path: str) -> RingFile:
     return RingFile(records, head, (times / 1e9).tolist(), pages.tolist())
 
 
+def record_calibration() -> int | None:
+    """Measure a mark op's heap (:func:`calibrate`) in a process of its own, which loads the library afresh,
+    and keep the figure in BUILT_FOR for the ranks to state (None where it could not be measured)."""
+    figure: int | None = None
+    try:
+        done = subprocess.run([sys.executable, "-m", "memdiag.nativemarks", "calibrate"], capture_output=True,
+                              text=True, timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        if done.returncode == 0:
+            figure = int(done.stdout.strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        figure = None
+    try:
+        recorded = json.loads(BUILT_FOR.read_text())
+        # null where it could not be measured: tried, so that set-up does not build again for it
+        figure = figure if figure and figure > 0 else None
+        recorded[HEAP_KEY] = figure
+        BUILT_FOR.write_text(json.dumps(recorded))
+    except (OSError, ValueError, TypeError):
+        return None
+    return figure
+
+
 def main(argv: list[str]) -> int:
+    if argv == ["calibrate"]:
+        figure = calibrate()
+        if figure is None:
+            print("memdiag: a mark op's heap cannot be measured here (no library, or no mallinfo2)", file=sys.stderr)
+            return 1
+        print(figure)
+        return 0
     if argv != ["build"]:
-        print("usage: python -m memdiag.nativemarks build", file=sys.stderr)
+        print("usage: python -m memdiag.nativemarks build | calibrate", file=sys.stderr)
         return 2
     start = time.monotonic()
     problem = build()
@@ -313,6 +407,8 @@ def main(argv: list[str]) -> int:
         print(f"memdiag: native marks not built: {problem}; memdiag marks through Python", file=sys.stderr)
         return 1
     print(f"built {LIBRARY.name} in {time.monotonic() - start:.1f} s")
+    figure = record_calibration()
+    print(f"a mark op takes {figure} bytes of heap" if figure else "a mark op's heap not measured")
     return 0
 
 

@@ -10,33 +10,13 @@ A call takes each heap's lock in turn and walks its free chunks: a few microseco
 
 from __future__ import annotations
 
-import ctypes
-import functools
-from typing import Any
-
-_FIELDS = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in _FIELDS]
-
-
-@functools.cache
-def _mallinfo2() -> Any:
-    """The C library's ``mallinfo2``, looked up once; None where it has none."""
-    try:
-        function = ctypes.CDLL(None).mallinfo2
-    except (AttributeError, OSError):
-        return None
-    function.restype = _MallInfo2
-    function.argtypes = []
-    return function
+from memdiag.mallinfo import mallinfo2
 
 
 def free_bytes() -> int | None:
     """The bytes glibc's heaps hold freed and not returned to the system (``fordblks``), every arena
     summed; None where the C library has no ``mallinfo2``."""
-    function = _mallinfo2()
+    function = mallinfo2()
     if function is None:
         return None
     try:

@@ -119,6 +119,8 @@ class HorovodRank:
             end["bookkeeping_failures"] = self.hooks.failures.counts()
         if self.marks_made is not None:
             end["mark_ops"] = self.marks_made.ops_made
+            if self.marks_made.op_heap_bytes:
+                end["mark_op_heap_bytes"] = self.marks_made.op_heap_bytes
         if self.hooks is not None and self.hooks.begins_shared:
             end["begins_shared"] = self.hooks.begins_shared
 

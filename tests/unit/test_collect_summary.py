@@ -130,6 +130,38 @@ def test_memdiag_s_own_set_up_and_mark_ops_reach_the_summary_and_the_report_name
     assert own_memory_line({"ranks": [{**r, "own_setup_rss_bytes": None} for r in s["ranks"]]}) is None
 
 
+def test_the_mark_ops_heap_is_stated_where_the_build_measured_a_mark_op(tmp_path):
+    import json
+
+    from memdiag.report.terminal import own_memory_line
+
+    # GIVEN two ranks with 40 and 44 mark ops, and the build's figure of 16,000 bytes a mark op on both
+    path = make_run(tmp_path / "r", world_size=2, steps=2)
+    for rank, ops in enumerate([40, 44]):
+        file = path / f"rank-{rank}.jsonl"
+        records = [json.loads(line) for line in file.read_text().splitlines()]
+        for record in records:
+            if record["type"] == "start":
+                record.update(own_setup_rss_bytes=5 * 2**20, marks_ring_bytes=3 * 2**20)
+            if record["type"] == "end":
+                record.update(mark_ops=ops, mark_op_heap_bytes=16_000)
+        file.write_text("".join(json.dumps(r) + "\n" for r in records))
+    s = summarize(load_run(str(path)))
+    assert [r["mark_op_heap_bytes"] for r in s["ranks"]] == [16_000, 16_000]
+    # THEN the report gives the most mark ops times the figure (44 x 16,000 = 704,000 bytes, 688 KiB), says
+    # where the figure comes from, and where the memory sits
+    line = own_memory_line(s)
+    assert line is not None
+    assert "it added 44 mark ops to the job's graphs (at most two per collective in each graph traced), about " \
+           "688 KiB of heap at 15.6 KiB each" in line
+    assert "as measured when memdiag's native marks were built for this TensorFlow, not in this run" in line
+    assert "the resident memory they cost is more, with the allocator's slack" in line
+    assert "in the level of every step after it" in line
+    # without the build's figure, the line says it is not measured and how to measure it
+    bare = own_memory_line({"ranks": [{**r, "mark_op_heap_bytes": None} for r in s["ranks"]]})
+    assert bare is not None and "not measured" in bare and "python -m memdiag.nativemarks build" in bare
+
+
 def test_memdiag_s_own_work_reaches_the_summary_and_the_report_names_the_largest_rise(tmp_path):
     import json
 

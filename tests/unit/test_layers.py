@@ -18,7 +18,7 @@ PACKAGE = ROOT / "memdiag"
 # rank (densify, workloads, agent) above the analysis it uses (the warm-up's steady rule); reports,
 # the launcher and the verbs on top.
 LAYERS = [
-    "memdiag", "_errors", "compat", "units", "rounding", "formula", "format", "policy", "hosts",
+    "memdiag", "_errors", "compat", "mallinfo", "units", "rounding", "formula", "format", "policy", "hosts",
     "ports", "agentconfig", "agreement",
     "analyze",
     "graphcalls", "nativemarks", "optimizer_input", "densify", "workloads", "doctor", "agent", "tensorflow",

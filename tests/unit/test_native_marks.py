@@ -439,3 +439,33 @@ def test_record_every_drains_the_marks_at_most_that_often_and_early_when_the_rin
     hooks.tracer.sampler.before_sample()
     assert ring.reads == 2
     writer.close()
+
+
+def test_the_build_measures_the_heap_a_mark_op_takes_and_the_ranks_carry_it(marks, tmp_path, monkeypatch):
+    # GIVEN the library the tests load, measured by the calibration twice at one size and once at twice it
+    library = Path(marks._c._name)
+    first, again, larger = (nativemarks.calibrate(conds, library) for conds in (64, 64, 128))
+    # THEN a mark op takes some KiB of heap (a graph node, its function's copy and its kernel), the same
+    # figure again at the same size, and about the same per op in a function twice the size: a marginal
+    # cost per op, not a fixed cost spread over them
+    assert first is not None and again is not None and larger is not None
+    assert 1024 < first < 256 * 1024
+    assert abs(again - first) <= 0.1 * first
+    assert abs(larger - first) <= 0.35 * first
+    # AND load() hands the build's figure to the marks it loads, which a rank puts in its end record
+    built = tmp_path / "built.json"
+    monkeypatch.setattr(nativemarks, "BUILT_FOR", built)
+
+    class TheOp:
+        words = nativemarks.RECORD_WORDS
+
+        def __init__(self, library, ring_file=None):
+            self.op_heap_bytes = None
+
+    monkeypatch.setattr(nativemarks, "Marks", TheOp)
+    built.write_text(json.dumps({"tensorflow": tf.__version__, nativemarks.HEAP_KEY: first}))
+    loaded, _ = nativemarks.load({})
+    assert loaded is not None and loaded.op_heap_bytes == first
+    built.write_text(json.dumps({"tensorflow": tf.__version__}))  # built before the figure was measured
+    loaded, _ = nativemarks.load({})
+    assert loaded is not None and loaded.op_heap_bytes is None
