@@ -417,6 +417,10 @@ def precision_phrase(p: Physics) -> str:
         return ""
     text = (f"Sparse's growth: \u00b1{format_bytes(se)} per added rank, one standard error from the repeats' "
             "spread (run back to back: a slower drift of the machine is not in it)")
+    growth, predicted = p.get("sparse_growth_bytes_per_rank"), p.get("predicted_rss_growth_bytes_per_rank")
+    if se > 0 and growth is not None and predicted:
+        apart = (growth - predicted) / se
+        text += f"; it stands {abs(apart):.1f} standard errors {'above' if apart >= 0 else 'below'} k x the formula"
     needed = p.get("sparse_growth_repeats_for_tenth")
     if needed is not None:
         text += (f"; about {needed} repeats at each N put two standard errors within 10% of the model"

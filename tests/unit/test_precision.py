@@ -91,6 +91,9 @@ def test_a_comparison_with_repeats_states_its_growths_standard_error(tmp_path: P
     text = words(result)
     assert f"Sparse's growth: \u00b1{by_hand / MiB:.3g} MiB per added rank, one standard error" in text
     assert "a slower drift of the machine is not in it" in text
+    # how far the growth stands from k x the formula, in standard errors, by hand
+    apart = (physics["sparse_growth_bytes_per_rank"] - model) / by_hand
+    assert f"it stands {abs(apart):.1f} standard errors {'above' if apart >= 0 else 'below'} k x the formula" in text
     assert expected > 3  # the spread set by hand is wide against the model
     assert f"about {expected} repeats at each N put two standard errors within 10% of the model" in text
 
@@ -103,3 +106,17 @@ def test_one_run_per_rank_count_states_no_standard_error(tmp_path: Path):
     result = json.loads(json.dumps(result, default=str))
     assert result["physics"]["sparse_growth_se_bytes_per_rank"] is None
     assert "standard error" not in words(result)
+
+
+def test_the_phrase_gives_the_distance_from_the_model_in_standard_errors():
+    from memdiag.report.compare import precision_phrase
+
+    base = {"sparse_growth_se_bytes_per_rank": 4 * MiB, "predicted_rss_growth_bytes_per_rank": 64 * MiB,
+            "sparse_growth_repeats": 3, "sparse_growth_repeats_for_tenth": 48}
+    above = precision_phrase({**base, "sparse_growth_bytes_per_rank": 80 * MiB})
+    assert "it stands 4.0 standard errors above k x the formula" in above
+    assert "about 48 repeats at each N put two standard errors within 10% of the model" in above
+    below = precision_phrase({**base, "sparse_growth_bytes_per_rank": 56 * MiB, "sparse_growth_repeats_for_tenth": 3})
+    assert "it stands 2.0 standard errors below k x the formula" in below
+    assert below.endswith("; two standard errors are within 10% of the model.")
+    assert precision_phrase({**base, "sparse_growth_se_bytes_per_rank": None}) == ""
