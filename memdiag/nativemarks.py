@@ -269,6 +269,17 @@ CALIBRATION_CONDS = 64  # conds in each of the calibration's two functions
 HEAP_KEY = "mark_op_heap_bytes"  # calibrate()'s figure in BUILT_FOR, beside the TensorFlow version
 
 
+def needs_build() -> bool:
+    """Whether set-up is to build the library (again): never built, built from an older mark_op.cc, or
+    built before the build measured a mark op's heap (scripts/setup.sh asks)."""
+    try:
+        if BUILT_FOR.stat().st_mtime < SOURCE.stat().st_mtime:
+            return True
+        return HEAP_KEY not in json.loads(BUILT_FOR.read_text())
+    except (OSError, ValueError, TypeError):
+        return True
+
+
 def calibrate(conds: int = CALIBRATION_CONDS, library: Path = LIBRARY) -> int | None:
     """The C heap a mark op takes in a graph, in bytes: two ``tf.function`` of ``conds`` conds each, one
     with a begin and an end mark around every cond (as memdiag marks Horovod's conds) and one without,

@@ -49,11 +49,8 @@ import memdiag.cli  # noqa: F401  installed (editable)
 from memdiag import nativemarks as nm
 if tf.__version__ != "2.15.1" or horovod.__version__ != "0.28.1" or not hvd.mpi_built():
     sys.exit(1)
-if not nm.BUILT_FOR.exists() or nm.BUILT_FOR.stat().st_mtime < nm.SOURCE.stat().st_mtime:
+if nm.needs_build():
     sys.exit(1)  # the native marks to build (again)
-import json
-if nm.HEAP_KEY not in json.loads(nm.BUILT_FOR.read_text()):
-    sys.exit(1)  # built before the build measured a mark op's heap
 print(f"[setup] ready: TensorFlow {tf.__version__}, Horovod {horovod.__version__} (MPI built: {hvd.mpi_built()})")
 PY
 }
@@ -102,7 +99,7 @@ fi
 
 # memdiag's native marks (the default; MEMDIAG_MARKS=python opts out): built for this TensorFlow; where the
 # build fails, memdiag marks collectives through Python, and each rank's start record says why.
-if ! "$VPY" -c "from memdiag import nativemarks as nm; import json, sys; sys.exit(not nm.BUILT_FOR.exists() or nm.BUILT_FOR.stat().st_mtime < nm.SOURCE.stat().st_mtime or nm.HEAP_KEY not in json.loads(nm.BUILT_FOR.read_text()))" >/dev/null 2>&1; then
+if ! "$VPY" -c "from memdiag import nativemarks as nm; import sys; sys.exit(nm.needs_build())" >/dev/null 2>&1; then
     say "building memdiag's native marks (memdiag/native/mark_op.cc)"
     "$VPY" -m memdiag.nativemarks build || say "native marks not built: memdiag marks collectives through Python"
 fi

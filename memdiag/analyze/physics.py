@@ -82,6 +82,7 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
     precision_points = [(float(n), float(sd), int(row["peak_runs"])) for n in fitted
                         if (sd := (row := by_key[(n, "sparse")]).get("peak_sd_bytes")) is not None]
     growth_se = slope_standard_error(precision_points) if len(precision_points) == len(fitted) else None
+    fewest_repeats = min((r for _, _, r in precision_points), default=0)
     binding = result.get("binding") or {}
     segments: list[GrowthSegment] = []
     for a, b in zip(fitted, fitted[1:]):
@@ -125,9 +126,9 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
         "sparse_largest_of_ranks_growth_bytes_per_rank": None if rank_sd is None
         else largest_of_ranks_growth(rank_sd, fitted),
         "sparse_growth_se_bytes_per_rank": growth_se,
-        "sparse_growth_repeats": None if growth_se is None else min(r for _, _, r in precision_points),
+        "sparse_growth_repeats": None if growth_se is None else fewest_repeats,
         "sparse_growth_repeats_for_tenth": None if growth_se is None or not predicted_rss
-        else repeats_for(growth_se, min(r for _, _, r in precision_points), 0.1 * abs(predicted_rss)),
+        else repeats_for(growth_se, fewest_repeats, 0.1 * abs(predicted_rss)),
         # its change across the rank counts fitted against its own run-to-run spread (None: no repeats)
         "sparse_heap_free_within_noise": None if heap_growth is None or heap_noise is None or len(fitted) < 2
         else bool(abs(heap_growth) * (fitted[-1] - fitted[0]) <= heap_noise),
