@@ -1,6 +1,6 @@
 """Where memdiag's mpirun lets the ranks run: a script's ranks as a plain ``mpirun -np N`` binds them,
 a built-in workload's unbound, and a binding the user chose in the environment kept. Real Open MPI;
-each rank prints the CPUs it may run on (what TensorFlow sizes its default thread pools by)."""
+each rank writes down the CPUs it may run on (what TensorFlow sizes its default thread pools by)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -16,26 +18,30 @@ from memdiag.launch.mpirun import BINDING_MCA, Launch, command
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None or not hasattr(os, "sched_getaffinity"),
                                 reason="needs Open MPI's mpirun and Linux's affinity")
 
-PRINT_CPUS = [sys.executable, "-c", "import os; print('cpus', len(os.sched_getaffinity(0)))"]
+# each rank writes its count to a file named by its rank in the directory given: mpirun forwards the ranks'
+# output in pieces, and two ranks' lines can interleave mid-line
+WRITE_CPUS = [sys.executable, "-c", "import os, sys; open(os.path.join(sys.argv[1], os.environ['OMPI_COMM_WORLD_RANK']),"
+              " 'w').write(str(len(os.sched_getaffinity(0))))"]
 
 
 def _cpus(cmd: list[str], env: dict[str, str] | None = None) -> list[int]:
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-                          env={**os.environ, **(env or {})})
-    assert done.returncode == 0, done.stdout + done.stderr
-    return sorted(int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("cpus "))
+    with tempfile.TemporaryDirectory() as out:
+        done = subprocess.run([*cmd, out], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                              env={**os.environ, **(env or {})})
+        assert done.returncode == 0, done.stdout + done.stderr
+        return sorted(int(path.read_text()) for path in Path(out).iterdir())
 
 
 def _launched(launch: Launch, env: dict[str, str] | None = None) -> list[int]:
     """The ranks' CPUs under memdiag's launch command, with the agent swapped for a one-line script."""
     cmd = command(launch)
     tail = cmd.index("-m")  # [python, -m, memdiag.agent, config]
-    return _cpus(cmd[:tail - 1] + PRINT_CPUS, env)
+    return _cpus(cmd[:tail - 1] + WRITE_CPUS, env)
 
 
 def _plain(ranks: int, env: dict[str, str] | None = None) -> list[int]:
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    return _cpus(["mpirun", "-np", str(ranks), "--oversubscribe", *root, *PRINT_CPUS], env)
+    return _cpus(["mpirun", "-np", str(ranks), "--oversubscribe", *root, *WRITE_CPUS], env)
 
 
 def test_a_scripts_ranks_are_bound_as_plain_mpirun_binds_them(monkeypatch):
