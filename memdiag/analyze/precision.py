@@ -6,6 +6,11 @@ is ``s^2 x m(R)``, ``m(R)`` the variance of the median of R standard normal draw
 1/R for a mean, 0.449 for the median of three, about pi / (2 R) for many). The growth is a least-squares
 slope over the rank counts, a weighted sum of the rows' medians, so its variance is the weights' squares
 times theirs (:func:`slope_standard_error`). Halving it takes four times the repeats (:func:`repeats_for`).
+Two rows' medians at one rank count differ with the sum of their variances (:func:`difference_standard_error`).
+
+A verdict with repeats calls a difference beyond the noise where it exceeds two of these standard errors
+(:data:`WITHIN`): about one chance in twenty for normal draws. The range of a row's repeats, the noise figure
+without them, widens as repeats are added and so judges more leniently the more runs there are.
 
 What it leaves out: the runs of a comparison run one after another within minutes, so a drift of the
 machine over longer times (measured: docs/explanation/measurement.md#noise) moves every
@@ -21,6 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+WITHIN = 2.0  # standard errors: a difference no larger is within the repeats' noise
 _GRID = np.linspace(-9.0, 9.0, 36_001)
 _STEP = float(_GRID[1] - _GRID[0])
 
@@ -67,6 +73,14 @@ def slope_standard_error(points: Sequence[tuple[float, float, int]]) -> float | 
     mean_n = sum(n for n, _, _ in points) / len(points)
     sxx = sum((n - mean_n) ** 2 for n, _, _ in points)
     return math.sqrt(sum(((n - mean_n) / sxx) ** 2 * sd * sd * median_variance(r) for n, sd, r in points))
+
+
+def difference_standard_error(points: Sequence[tuple[float, int]]) -> float | None:
+    """The standard error of the difference between two rows' medians, each given as (sample standard deviation
+    of its repeats, repeats); None where either is one run."""
+    if len(points) != 2 or any(r < 2 for _, r in points):
+        return None
+    return math.sqrt(sum(sd * sd * median_variance(r) for sd, r in points))
 
 
 def repeats_for(standard_error: float, repeats: int, half_width: float) -> int:

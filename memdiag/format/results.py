@@ -335,7 +335,10 @@ class GrowthSegment(TypedDict):
     measured_bytes_per_rank: float  # steady peak (median of repeats) per added rank
     predicted_bytes_per_rank: float  # k x the formula's gathered bytes per added rank
     unexplained_bytes_per_rank: float  # measured - predicted
-    beyond_noise: bool | None  # the gap over the segment beyond the noise figure (None: no noise figure)
+    # the gap beyond the noise: two standard errors of the segment's growth where both ends have repeats
+    # (standard_error_bytes_per_rank), else the noise figure over the segment (None: no noise figure)
+    beyond_noise: bool | None
+    standard_error_bytes_per_rank: NotRequired[float | None]  # from the two ends' repeats (None: one run)
     # the live model's two bounds over the segment, per added rank (None: a run without the model's figure):
     # one tensor's gathered outputs and quotient at a time, and every one's at once
     live_bytes_per_rank: NotRequired[float | None]
@@ -345,6 +348,10 @@ class GrowthSegment(TypedDict):
     heap_free_bytes_per_rank: NotRequired[float | None]
     heap_free_beyond_noise: NotRequired[bool | None]  # that growth over the segment beyond its own spread
     beyond_noise_after_heap: NotRequired[bool | None]
+    # the ranks' spread alone: how much higher the largest of more ranks stands per added rank (None: one rank's
+    # figures), and whether the gap less the heaps' kept bytes and that is still beyond the noise
+    largest_of_ranks_bytes_per_rank: NotRequired[float | None]
+    beyond_noise_after_named: NotRequired[bool | None]
     # the CPUs a rank could run on at each end, where the launcher's binding made them differ (else absent)
     cpus_per_rank: NotRequired[list[list[int]]]
 
@@ -357,6 +364,11 @@ class Physics(TypedDict, total=False):
     sparse_growth_bytes_per_rank: float | None  # fitted from the rows' steady peaks
     predicted_rss_growth_bytes_per_rank: float | None  # k x the formula's growth
     sparse_growth_within_noise: bool | None
+    # what judged it: "standard_error" (within two of the growth's), "repeats" (the largest range of a row's
+    # repeats), "ranks" (the largest spread between one run's ranks); and, beyond two standard errors above
+    # k x the formula, whether adding the ranks' spread term brings it within
+    sparse_growth_judged_by: NotRequired[str | None]
+    sparse_growth_within_after_ranks_spread: NotRequired[bool | None]
     sparse_segments: NotRequired[list[GrowthSegment]]
     sparse_live_growth_bytes_per_rank: float | None  # modelled: the live collective outputs
     sparse_live_all_growth_bytes_per_rank: NotRequired[float | None]  # the same, every one alive at once

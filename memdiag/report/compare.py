@@ -253,6 +253,28 @@ def ranks_clause(p: Physics) -> str:
     return text
 
 
+def growth_judgement(p: Physics) -> str:
+    """Whether sparse's growth is within the noise of k x the formula, and what judged it: two of its standard
+    errors with repeats at every rank count (memdiag.analyze.precision), else the noise figure named."""
+    within = p.get("sparse_growth_within_noise")
+    if within is None:
+        return ""
+    se = p.get("sparse_growth_se_bytes_per_rank")
+    if p.get("sparse_growth_judged_by") != "standard_error" or se is None:
+        against = "noise" if p.get("noise_source") == "repeats" else "the spread between one run's ranks"
+        return f", within {against}" if within else f", beyond {against}"
+    two = f"two standard errors (\u00b1{format_bytes(se)} each)"
+    if within:
+        return f", within {two}"
+    text = f", beyond {two}"
+    after, term = p.get("sparse_growth_within_after_ranks_spread"), p.get("sparse_largest_of_ranks_growth_bytes_per_rank")
+    if after is not None and term:
+        counted = (f"the {_signed(term)} per added rank that the ranks' spread alone adds to the largest of more "
+                   "ranks counted")
+        text += f", within them with {counted}" if after else f", and beyond them with {counted}"
+    return text
+
+
 def physics_parts(p: Physics) -> list[str]:
     """The clauses of one engine's verdict sentence, from its ``physics`` figures."""
     parts = []
@@ -262,10 +284,7 @@ def physics_parts(p: Physics) -> list[str]:
         if predicted:
             part += (f" (k x formula: {_signed(predicted)}, k = {p['cost_per_gathered_byte']:.2f}; "
                      f"measured/predicted {growth / predicted:.2f}")
-            within = p.get("sparse_growth_within_noise")
-            if within is not None:
-                against = "noise" if p.get("noise_source") == "repeats" else "the spread between one run's ranks"
-                part += f", within {against}" if within else f", beyond {against}"
+            part += growth_judgement(p)
             part += ")"
         part += ranks_clause(p)
         if p.get("sparse_live_growth_bytes_per_rank") is not None:
@@ -352,6 +371,10 @@ def segments_text(p: Physics) -> str:
         span = f"N={s['from_world_size']} to {s['to_world_size']}"
         clause = (f"{span}: {_signed(s['measured_bytes_per_rank'])} per added rank, the model "
                   f"{_signed(s['predicted_bytes_per_rank'])}")
+        se = s.get("standard_error_bytes_per_rank")
+        # what a gap is weighed against: two standard errors of the segment's growth, else the noise figure
+        noise = ("run-to-run noise" if se is None
+                 else f"two standard errors of the repeats (\u00b1{format_bytes(se)} per added rank each)")
         one, every = s.get("live_bytes_per_rank"), s.get("live_all_bytes_per_rank")
         overlap = live_position(s["measured_bytes_per_rank"], one, every) == "between"
         heap = s.get("heap_free_bytes_per_rank")
@@ -359,27 +382,31 @@ def segments_text(p: Physics) -> str:
                      if heap is not None and abs(heap) >= SHOWN_PER_RANK_BYTES and s.get("heap_free_beyond_noise")
                      is not False else "")
         kept = heap if heap_text and heap is not None and heap > 0 else 0.0
-        if repeats and s["beyond_noise"] and not overlap and kept and s["unexplained_bytes_per_rank"] > 0:
-            left = s["unexplained_bytes_per_rank"] - kept
-            if s.get("beyond_noise_after_heap"):
+        # the ranks' spread alone lifts the largest of more ranks: named and taken off where it shows
+        term = s.get("largest_of_ranks_bytes_per_rank") or 0.0
+        term = term if term >= SHOWN_PER_RANK_BYTES and s.get("beyond_noise_after_named") is not None else 0.0
+        term_text = f"{_signed(term)} that the ranks' spread alone adds to the largest of more ranks"
+        if repeats and s["beyond_noise"] and not overlap and (kept or term) and s["unexplained_bytes_per_rank"] > 0:
+            left = s["unexplained_bytes_per_rank"] - kept - term
+            named = ([f"{_signed(kept)} that glibc's heaps kept freed"] if kept else []) + ([term_text] if term else [])
+            if s.get("beyond_noise_after_named") if term else s.get("beyond_noise_after_heap"):
                 clause += (f"; unexplained: {_signed(left)} per added rank between N={s['from_world_size']} and "
-                           f"N={s['to_world_size']}, beyond run-to-run noise, after {_signed(kept)} that glibc's "
-                           "heaps kept freed")
+                           f"N={s['to_world_size']}, beyond {noise}, after " + " and ".join(named))
             else:
-                clause += heap_text + ", and the rest of the gap is within run-to-run noise"
+                clause += (heap_text + (f"; {term_text}" if term else "")
+                           + f", and the rest of the gap is within {noise}")
             heap_text = ""
         elif s["unexplained_bytes_per_rank"] < 0 and phases.get(str(s["from_world_size"])) == "compute":
             # the two regimes: the gathered buffers hid under the compute peak at the lower rank count
             clause += f" (at N={s['from_world_size']} compute set the peak, and the gathered buffers fit under it)"
         elif repeats and s["beyond_noise"] and overlap:
             # a gap the live model's other figure covers: the tensors' reductions overlapping, not unexplained
-            clause += (f"; {_signed(s['unexplained_bytes_per_rank'])} per added rank beyond it, beyond run-to-run "
-                       "noise")
+            clause += f"; {_signed(s['unexplained_bytes_per_rank'])} per added rank beyond it, beyond {noise}"
         elif repeats and s["beyond_noise"]:
             clause += (f"; unexplained: {_signed(s['unexplained_bytes_per_rank'])} per added rank between "
-                       f"N={s['from_world_size']} and N={s['to_world_size']}, beyond run-to-run noise")
+                       f"N={s['from_world_size']} and N={s['to_world_size']}, beyond {noise}")
         elif repeats and s["beyond_noise"] is False:
-            clause += ", within run-to-run noise"
+            clause += f", within {noise}"
         else:
             clause += f" ({_signed(s['unexplained_bytes_per_rank'])} apart)"
         bounds = live_bounds_text(s["measured_bytes_per_rank"], one, every)
@@ -399,13 +426,18 @@ def segments_text(p: Physics) -> str:
     return text
 
 
-def noise_phrase(noise: float | None, source: str | None, whose: str = "") -> str:
-    """What the noise figure is, after a verdict; ``whose`` names where it comes from."""
+def noise_phrase(noise: float | None, source: str | None, whose: str = "", weighed: bool = False) -> str:
+    """What the noise figure is, after a verdict; ``whose`` names where it comes from; ``weighed``: the verdict
+    weighed its differences against standard errors from the repeats' spread, not against this figure."""
     if noise is None:
         return "Run-to-run noise not measured (--repeats 1)."
     if source == "ranks":
         return (f"Noise{whose}: {format_bytes(noise)}, the largest spread between the ranks of one run "
                 "(--repeats R measures run-to-run noise).")
+    if weighed:
+        return (f"Run-to-run noise{whose}: {format_bytes(noise)}, the widest range of a row's repeats; the "
+                "differences above are weighed against two standard errors from the repeats' spread, as a range "
+                "widens with more repeats.")
     return f"Run-to-run noise{whose}: {format_bytes(noise)}."
 
 
@@ -437,7 +469,8 @@ def physics_verdict(result: Comparison) -> Text:
     parts = physics_parts(p)
     if parts:
         text.append("; ".join(parts) + ".", style="bold")
-        text.append(" " + noise_phrase(p.get("noise_bytes"), p.get("noise_source")))
+        weighed = p.get("sparse_growth_judged_by") == "standard_error"
+        text.append(" " + noise_phrase(p.get("noise_bytes"), p.get("noise_source"), weighed=weighed))
         precision = precision_phrase(p)
         text.append((" " + precision if precision else "") + "\n")
     segments = segments_text(p)

@@ -295,12 +295,12 @@ def test_with_repeats_a_gap_beyond_the_noise_is_named_unexplained_and_a_hidden_s
     summary_path.write_text(json.dumps(summary))
     result = compare_analysis.build("synthetic", "two-regimes", {key: [path, path] for key, path in run_dirs.items()})
     result.update(rank_counts=list(RANK_COUNTS), modes=list(MODES), steps=STEPS, repeats=2)
-    # THEN the segment from 4 to 8 is 30 MiB per added rank above the model, beyond run-to-run noise (0)
+    # THEN the segment from 4 to 8 is 30 MiB per added rank above the model, beyond two standard errors (0)
     assert result["noise_source"] == "repeats" and result["noise_bytes"] == 0
     first, second = result["physics"]["sparse_segments"]
     assert second["unexplained_bytes_per_rank"] == pytest.approx(30 * MiB) and second["beyond_noise"] is True
     verdict = flat(rendered(print_compare, result))
-    assert "unexplained: +30 MiB per added rank between N=4 and N=8, beyond run-to-run noise" in verdict
+    assert "unexplained: +30 MiB per added rank between N=4 and N=8, beyond two standard errors of the repeats" in verdict
     # AND the segment from 2, where compute set the peak, is said to be the two regimes, not a gap
     assert "(at N=2 compute set the peak, and the gathered buffers fit under it)" in verdict
     assert "needs --repeats" not in verdict

@@ -146,7 +146,7 @@ def test_a_gap_the_heaps_freed_bytes_cover_is_named_and_not_called_unexplained(t
     text = words(result)
     assert "glibc's heaps kept +30 MiB per added rank of freed memory (resident, in no tensor" in text
     assert "unexplained" not in text
-    assert text.count("and the rest of the gap is within run-to-run noise") == 2
+    assert text.count("and the rest of the gap is within two standard errors of the repeats (\u00b10 B per added rank each)") == 2
     # AND the growth table has the heaps' column
     assert "heaps' freed" in text
 

@@ -211,7 +211,7 @@ def test_with_repeats_a_gap_the_all_at_once_figure_covers_is_not_called_unexplai
     # THEN the segment above both is unexplained, and the one between the figures is not
     assert "N=2 to 4:" in text and "unexplained: " in text
     [between] = [part for part in text.split("; N=") if part.startswith("4 to 8")]
-    assert "unexplained" not in between and "beyond run-to-run noise" in between
+    assert "unexplained" not in between and "beyond two standard errors of the repeats" in between
     assert "the measured growth lies between the two" in between
     above = text.split("N=2 to 4:")[1].split("; N=4 to 8")[0]
     assert "unexplained: " in above and "the measured growth is above both" in above
