@@ -8,7 +8,7 @@ noise figure (:func:`memdiag.analyze.compare.noise`, :func:`memdiag.analyze.comp
 from __future__ import annotations
 
 from memdiag._errors import UserError
-from memdiag.analyze.precision import WITHIN, difference_standard_error, repeats_for, slope_standard_error
+from memdiag.analyze.precision import difference_standard_error, repeats_for, slope_standard_error, within
 from memdiag.analyze.ranks_spread import expected_largest_normal, largest_of_ranks_growth, pooled_sd
 from memdiag.format.results import Comparison, GrowthSegment, Physics, RunSummary
 
@@ -55,7 +55,7 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
         ends = spread(n, mode), spread(n, other)
         se = difference_standard_error([ends[0], ends[1]]) if ends[0] and ends[1] else None
         if se is not None:
-            return bool(abs(a - b) > WITHIN * se)
+            return not within(a - b, se)
         return None if noise_bytes is None else bool(abs(a - b) > noise_bytes)
 
     dense_low, dense_high = (peak(min(multi), "dense"), peak(max(multi), "dense")) if len(multi) >= 2 else (None, None)
@@ -84,17 +84,24 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
     precision_points = [(float(n), *known) for n in fitted if (known := spread(n, "sparse")) is not None]
     growth_se = slope_standard_error(precision_points) if len(precision_points) == len(fitted) else None
     fewest_repeats = min((r for _, _, r in precision_points), default=0)
+    heap_growth = (result.get("heap_free_growth_bytes_per_rank") or {}).get("sparse")
+    # its change across the rank counts fitted against its own run-to-run spread (None: no repeats)
+    heap_within = None if heap_growth is None or heap_noise is None or len(fitted) < 2 \
+        else bool(abs(heap_growth) * (fitted[-1] - fitted[0]) <= heap_noise)
     # The fitted growth against k x the formula: with repeats at every rank count fitted, within two of its
     # standard errors; else as the difference it makes to the peak across the rank counts fitted, within
-    # the noise figure. Where it is beyond and above, whether the ranks' spread term brings it within.
-    growth_within_noise = judged_by = within_after_ranks = None
+    # the noise figure. Where it is beyond and above, whether the named terms bring it within: what the
+    # heaps kept (unless within its own spread) and what the ranks' spread alone adds to the largest rank.
+    growth_within_noise = judged_by = within_after_named = None
     if sparse_growth is not None and predicted_rss is not None and len(fitted) >= 2:
         gap = sparse_growth - predicted_rss
         if growth_se is not None:
             judged_by = "standard_error"
-            growth_within_noise = bool(abs(gap) <= WITHIN * growth_se)
-            if not growth_within_noise and gap > 0 and largest_term:
-                within_after_ranks = bool(abs(gap - largest_term) <= WITHIN * growth_se)
+            growth_within_noise = within(gap, growth_se)
+            kept = heap_growth if heap_growth is not None and heap_growth > 0 and heap_within is not True else 0.0
+            named = kept + (largest_term or 0.0)
+            if not growth_within_noise and gap > 0 and named > 0:
+                within_after_named = within(gap - named, growth_se)
         elif noise_bytes is not None:
             judged_by = result.get("noise_source")
             growth_within_noise = bool(abs(gap) * (fitted[-1] - fitted[0]) <= noise_bytes)
@@ -108,7 +115,6 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
             return None
         return (high - low) / (b - a)
 
-    heap_growth = (result.get("heap_free_growth_bytes_per_rank") or {}).get("sparse")
     binding = result.get("binding") or {}
     segments: list[GrowthSegment] = []
     for a, b in zip(fitted, fitted[1:]):
@@ -131,7 +137,7 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
             """``left`` per added rank beyond two standard errors of the segment, else beyond the noise figure
             over the segment."""
             if se is not None:
-                return bool(abs(left) > WITHIN * se)
+                return not within(left, se)
             return None if noise_bytes is None else bool(abs(left) * span > noise_bytes)
 
         segments.append({"from_world_size": a, "to_world_size": b, "measured_bytes_per_rank": measured,
@@ -159,8 +165,9 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
         # what judged it: "standard_error" (two of the growth's), "repeats" (the largest range of a row's
         # repeats) or "ranks" (the largest spread between one run's ranks); None: not judged
         "sparse_growth_judged_by": judged_by,
-        # beyond two standard errors above k x the formula: within them once the ranks' spread term is added
-        "sparse_growth_within_after_ranks_spread": within_after_ranks,
+        # beyond two standard errors above k x the formula: within them once the named terms are added (the
+        # heaps' growth unless within its own spread, and sparse_largest_of_ranks_growth_bytes_per_rank)
+        "sparse_growth_within_after_named": within_after_named,
         # between each two rank counts fitted: the growth measured against k x the formula's
         "sparse_segments": segments,
         "sparse_live_growth_bytes_per_rank": (result.get("live_growth_bytes_per_rank") or {}).get("sparse"),
@@ -173,9 +180,7 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
         "sparse_growth_repeats": None if growth_se is None else fewest_repeats,
         "sparse_growth_repeats_for_tenth": None if growth_se is None or not predicted_rss
         else repeats_for(growth_se, fewest_repeats, 0.1 * abs(predicted_rss)),
-        # its change across the rank counts fitted against its own run-to-run spread (None: no repeats)
-        "sparse_heap_free_within_noise": None if heap_growth is None or heap_noise is None or len(fitted) < 2
-        else bool(abs(heap_growth) * (fitted[-1] - fitted[0]) <= heap_noise),
+        "sparse_heap_free_within_noise": heap_within,
         "heap_free_noise_bytes": heap_noise,
         "dense_change": None if not dense_low or dense_high is None else (dense_high - dense_low) / dense_low,
         "dense_peak_bytes": dense_high if dense_high is not None else peak(largest, "dense"),

@@ -83,6 +83,12 @@ def difference_standard_error(points: Sequence[tuple[float, int]]) -> float | No
     return math.sqrt(sum(sd * sd * median_variance(r) for sd, r in points))
 
 
+def within(difference: float, standard_error: float) -> bool:
+    """Whether a difference of byte figures is within :data:`WITHIN` standard errors of it, to the byte (the
+    figures are fits of whole bytes: a fraction of one is the arithmetic's, not a difference)."""
+    return abs(difference) <= WITHIN * standard_error + 0.5
+
+
 def repeats_for(standard_error: float, repeats: int, half_width: float) -> int:
     """About how many repeats at each rank count put two standard errors within ``half_width`` (the standard
     error falling as one over the square root of the repeats); ``repeats`` where they do already."""

@@ -366,9 +366,10 @@ class Physics(TypedDict, total=False):
     sparse_growth_within_noise: bool | None
     # what judged it: "standard_error" (within two of the growth's), "repeats" (the largest range of a row's
     # repeats), "ranks" (the largest spread between one run's ranks); and, beyond two standard errors above
-    # k x the formula, whether adding the ranks' spread term brings it within
+    # k x the formula, whether adding the named terms brings it within: the heaps' growth (unless within its
+    # own spread) and the ranks' spread term
     sparse_growth_judged_by: NotRequired[str | None]
-    sparse_growth_within_after_ranks_spread: NotRequired[bool | None]
+    sparse_growth_within_after_named: NotRequired[bool | None]
     sparse_segments: NotRequired[list[GrowthSegment]]
     sparse_live_growth_bytes_per_rank: float | None  # modelled: the live collective outputs
     sparse_live_all_growth_bytes_per_rank: NotRequired[float | None]  # the same, every one alive at once

@@ -267,12 +267,18 @@ def growth_judgement(p: Physics) -> str:
     if within:
         return f", within {two}"
     text = f", beyond {two}"
-    after, term = p.get("sparse_growth_within_after_ranks_spread"), p.get("sparse_largest_of_ranks_growth_bytes_per_rank")
-    if after is not None and term:
-        counted = (f"the {_signed(term)} per added rank that the ranks' spread alone adds to the largest of more "
-                   "ranks counted")
-        text += f", within them with {counted}" if after else f", and beyond them with {counted}"
-    return text
+    after = p.get("sparse_growth_within_after_named")
+    if after is None:
+        return text
+    heap, term = p.get("sparse_heap_free_growth_bytes_per_rank"), p.get("sparse_largest_of_ranks_growth_bytes_per_rank")
+    named = []
+    if heap is not None and heap > 0 and p.get("sparse_heap_free_within_noise") is not True:
+        named.append(f"the {_signed(heap)} per added rank that glibc's heaps kept freed")
+    if term:
+        named.append(f"the {_signed(term)} per added rank that the ranks' spread alone adds to the largest of more "
+                     "ranks")
+    counted = " and ".join(named) + " counted"
+    return text + (f", within them with {counted}" if after else f", and beyond them with {counted}")
 
 
 def physics_parts(p: Physics) -> list[str]:

@@ -104,7 +104,7 @@ def test_a_growth_on_the_model_is_within_two_standard_errors(tmp_path: Path):
     p = result["physics"]
     gap = p["sparse_growth_bytes_per_rank"] - p["predicted_rss_growth_bytes_per_rank"]
     assert abs(gap) <= 2 * SE  # the synthetic runs' growth is the model's within a fraction of a MiB a rank
-    assert p["sparse_growth_within_noise"] is True and p["sparse_growth_within_after_ranks_spread"] is None
+    assert p["sparse_growth_within_noise"] is True and p["sparse_growth_within_after_named"] is None
     assert f"within two standard errors (\u00b1{format_bytes(SE)} each)" in words(result)
 
 
@@ -138,7 +138,7 @@ def test_a_growth_the_ranks_spread_term_accounts_for_is_said_within_with_it_coun
     gap = p["sparse_growth_bytes_per_rank"] - p["predicted_rss_growth_bytes_per_rank"]
     assert gap > 2 * SMALL_SE and abs(gap - term) <= 2 * SMALL_SE
     # THEN beyond two standard errors of k x the formula, and within them with the term counted, named
-    assert p["sparse_growth_within_noise"] is False and p["sparse_growth_within_after_ranks_spread"] is True
+    assert p["sparse_growth_within_noise"] is False and p["sparse_growth_within_after_named"] is True
     text = words(result)
     assert (f"beyond two standard errors (\u00b1{format_bytes(SMALL_SE)} each), within them with the "
             f"+{term / MiB:.3g} MiB per added rank that the ranks' spread alone adds to the largest of more ranks "
@@ -158,7 +158,7 @@ def test_a_growth_beyond_the_ranks_spread_term_is_unexplained_by_what_is_left(tm
     term = slope({n: sd * LARGEST[n] for n in RANK_COUNTS})
     result = repeated(tmp_path, lambda n: sd * LARGEST[n] + 10 * MiB * n, below=BELOW, unit=UNIT)
     p = result["physics"]
-    assert p["sparse_growth_within_noise"] is False and p["sparse_growth_within_after_ranks_spread"] is False
+    assert p["sparse_growth_within_noise"] is False and p["sparse_growth_within_after_named"] is False
     text = words(result)
     assert f"and beyond them with the +{term / MiB:.3g} MiB per added rank" in text
     # each segment: unexplained by the gap less its own term, 10 MiB a rank

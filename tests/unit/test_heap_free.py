@@ -147,6 +147,9 @@ def test_a_gap_the_heaps_freed_bytes_cover_is_named_and_not_called_unexplained(t
     assert "glibc's heaps kept +30 MiB per added rank of freed memory (resident, in no tensor" in text
     assert "unexplained" not in text
     assert text.count("and the rest of the gap is within two standard errors of the repeats (\u00b10 B per added rank each)") == 2
+    # AND the whole growth, beyond two standard errors of the model, is within them with the heaps counted
+    assert physics["sparse_growth_within_noise"] is False and physics["sparse_growth_within_after_named"] is True
+    assert "within them with the +30 MiB per added rank that glibc's heaps kept freed counted" in text
     # AND the growth table has the heaps' column
     assert "heaps' freed" in text
 
@@ -160,7 +163,9 @@ def test_a_gap_beyond_the_heaps_freed_bytes_is_unexplained_by_what_is_left(tmp_p
     text = words(result)
     left = first["unexplained_bytes_per_rank"] - 10 * MiB
     assert left == pytest.approx(20 * MiB, abs=MiB)
-    assert text.count("that glibc's heaps kept freed") == 2
+    # each segment names them, and so does the verdict's weighing of the whole growth
+    assert text.count("that glibc's heaps kept freed") == 3
+    assert "and beyond them with the +10 MiB per added rank that glibc's heaps kept freed counted" in text
     assert "unexplained: +2" in text.split("N=2 to 4:")[1].split("; N=4 to 8")[0]
 
 

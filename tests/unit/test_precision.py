@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from memdiag.analyze import compare as compare_analysis
-from memdiag.analyze.precision import median_variance, repeats_for, slope_standard_error
+from memdiag.analyze.precision import difference_standard_error, median_variance, repeats_for, slope_standard_error, within
 from tests.unit.test_live_bounds import BASE, RANK_COUNTS, STEPS, one_at_a_time, words, write_run
 
 MiB = 2**20
@@ -52,6 +52,16 @@ def test_the_repeats_that_pin_a_growth_to_a_width():
     assert repeats_for(1.0, 4, 100.0) == 4
     with pytest.raises(ValueError):
         repeats_for(1.0, 3, 0.0)
+
+
+def test_within_two_standard_errors_to_the_byte():
+    assert within(20.0, 10.0) and within(-20.0, 10.0) and not within(21.0, 10.0)
+    # repeats alike (no spread): a fraction of a byte from the fits' arithmetic is no difference, a byte is
+    assert within(1e-8, 0.0) and not within(1.0, 0.0)
+    # two medians of three and of five: their difference's variance is the sum of theirs
+    assert difference_standard_error([(10.0, 3), (20.0, 5)]) == pytest.approx(
+        math.sqrt(100 * TABLE[3] + 400 * TABLE[5]), rel=1e-3)
+    assert difference_standard_error([(10.0, 1), (20.0, 5)]) is None
 
 
 OFFSETS = (-2 * 8 * MiB, 0, 3 * 8 * MiB)  # the three repeats' peaks about each N's level: sd by hand below
