@@ -35,7 +35,7 @@ ENV = "MEMDIAG_MARKS"  # "native" (the default): the op when it loads; "python":
 HERE = Path(__file__).resolve().parent / "native"
 SOURCE = HERE / "mark_op.cc"
 LIBRARY = HERE / "_memdiag_mark.so"
-BUILT_FOR = HERE / "_memdiag_mark.json"  # {"tensorflow": version the library was built against}
+BUILT_FOR = HERE / "_memdiag_mark.json"  # {"tensorflow": version built against, and calibrate()'s figures}
 BEGIN, END = 0, 1
 MAX_INPUTS, MAX_VALUES = 4, 8  # as mark_op.cc stores them
 HEADER = 7  # index, key, kind, n_inputs, t_ns, tid, rss_pages
@@ -86,6 +86,7 @@ class Marks:
         self._c = c
         self.ops_made = 0  # mark ops added to graphs (each a node every call of its graph runs)
         self.op_heap_bytes: int | None = None  # the C heap a mark op takes, as calibrate() measured it at the build
+        self.op_resident_bytes: int | None = None  # and the resident memory (RSS) it takes, likewise
         self.words = int(c.memdiag_ring_record_words())
         self.capacity = int(c.memdiag_ring_capacity())
         self._next = int(c.memdiag_ring_head())  # records before this process's first read are not its
@@ -260,32 +261,53 @@ def load(environ: Any = None, ring_file: str | None = None) -> tuple[Marks | Non
         return None, f"python (native marks did not load: {type(exc).__name__})"
     if marks.words != RECORD_WORDS:  # built from another version of mark_op.cc, whose records differ
         return None, f"python (native marks built from another mark_op.cc: {BUILD})"
-    heap = built_for.get(HEAP_KEY)
+    heap, resident = built_for.get(HEAP_KEY), built_for.get(RESIDENT_KEY)
     marks.op_heap_bytes = heap if isinstance(heap, int) and heap > 0 else None
+    marks.op_resident_bytes = resident if isinstance(resident, int) and resident > 0 else None
     return marks, "native"
 
 
 CALIBRATION_CONDS = 64  # conds in each of the calibration's two functions
-HEAP_KEY = "mark_op_heap_bytes"  # calibrate()'s figure in BUILT_FOR, beside the TensorFlow version
+HEAP_KEY = "mark_op_heap_bytes"  # calibrate()'s figures in BUILT_FOR, beside the TensorFlow version
+RESIDENT_KEY = "mark_op_resident_bytes"
 
 
 def needs_build() -> bool:
     """Whether set-up is to build the library (again): never built, built from an older mark_op.cc, or
-    built before the build measured a mark op's heap (scripts/setup.sh asks)."""
+    built before the build measured a mark op's heap and resident memory (scripts/setup.sh asks)."""
     try:
         if BUILT_FOR.stat().st_mtime < SOURCE.stat().st_mtime:
             return True
-        return HEAP_KEY not in json.loads(BUILT_FOR.read_text())
+        recorded = json.loads(BUILT_FOR.read_text())
+        return HEAP_KEY not in recorded or RESIDENT_KEY not in recorded
     except (OSError, ValueError, TypeError):
         return True
 
 
-def calibrate(conds: int = CALIBRATION_CONDS, library: Path = LIBRARY) -> int | None:
-    """The C heap a mark op takes in a graph, in bytes: two ``tf.function`` of ``conds`` conds each, one
-    with a begin and an end mark around every cond (as memdiag marks Horovod's conds) and one without,
-    each traced and called once; the heap's in-use bytes (``mallinfo2()``: TensorFlow's graph, function
-    library and kernels) grown by the one beyond the other, per mark. Python's own small objects (under a
-    KiB a mark, measured) are not in it. None where the library does not load or there is no ``mallinfo2``."""
+@dataclass(frozen=True)
+class Calibration:
+    """What one mark op takes in a graph, per op (:func:`calibrate`)."""
+
+    heap_bytes: int  # the C heap's in-use bytes (mallinfo2)
+    resident_bytes: int | None  # the process's resident memory (RSS; None: not readable here)
+
+
+def resident_bytes() -> int | None:
+    """The process's resident set size from /proc/self/statm (None where there is none)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def calibrate(conds: int = CALIBRATION_CONDS, library: Path = LIBRARY) -> Calibration | None:
+    """The C heap and the resident memory a mark op takes in a graph, in bytes: two ``tf.function`` of
+    ``conds`` conds each, one with a begin and an end mark around every cond (as memdiag marks Horovod's
+    conds) and one without, each traced and called once; the heap's in-use bytes (``mallinfo2()``:
+    TensorFlow's graph, function library and kernels) and the process's RSS (the heap's bytes with the
+    allocator's slack, and Python's own small objects, under a KiB a mark) grown by the one beyond the
+    other, per mark. None where the library does not load or there is no ``mallinfo2``."""
     import gc
 
     import tensorflow as tf
@@ -306,7 +328,7 @@ def calibrate(conds: int = CALIBRATION_CONDS, library: Path = LIBRARY) -> int | 
         now = info()
         return int(now.uordblks + now.hblkhd)
 
-    def grown(marked: bool) -> int:
+    def grown(marked: bool) -> tuple[int, int | None]:
         def body() -> Any:
             outputs = []
             for i in range(conds):
@@ -323,18 +345,21 @@ def calibrate(conds: int = CALIBRATION_CONDS, library: Path = LIBRARY) -> int | 
 
         step = tf.function(body, autograph=False)
         gc.collect()  # what earlier objects left to free is freed before, not during, the reading
-        before = in_use()
+        before, rss_before = in_use(), resident_bytes()
         step()
         gc.collect()
         kept.append(step)
-        return in_use() - before
+        rss_after = resident_bytes()
+        return in_use() - before, None if rss_before is None or rss_after is None else rss_after - rss_before
 
     grown(False)  # the first function traced in a process sets up what every later one shares
     marks.mark(0, BEGIN, [])  # and the first mark op made in it, what every later one shares
-    plain = grown(False)
+    plain, plain_rss = grown(False)
     made = marks.ops_made
-    marked = grown(True)
-    return max(0, round((marked - plain) / max(1, marks.ops_made - made)))
+    marked, marked_rss = grown(True)
+    ops = max(1, marks.ops_made - made)
+    resident = None if plain_rss is None or marked_rss is None else max(0, round((marked_rss - plain_rss) / ops))
+    return Calibration(max(0, round((marked - plain) / ops)), resident)
 
 
 # The ring file's layout (memdiag/native/mark_op.cc, struct State): a header, the slots, the samples.
@@ -379,22 +404,25 @@ def read_ring_file(path: str) -> RingFile:
     return RingFile(records, head, (times / 1e9).tolist(), pages.tolist())
 
 
-def record_calibration() -> int | None:
-    """Measure a mark op's heap (:func:`calibrate`) in a process of its own, which loads the library afresh,
-    and keep the figure in BUILT_FOR for the ranks to state (None where it could not be measured)."""
-    figure: int | None = None
+def record_calibration() -> Calibration | None:
+    """Measure a mark op's heap and resident memory (:func:`calibrate`) in a process of its own, which loads
+    the library afresh, and keep the figures in BUILT_FOR for the ranks to state (None where they could not
+    be measured)."""
+    figure: Calibration | None = None
     try:
         done = subprocess.run([sys.executable, "-m", "memdiag.nativemarks", "calibrate"], capture_output=True,
                               text=True, timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
         if done.returncode == 0:
-            figure = int(done.stdout.strip().splitlines()[-1])
+            heap, resident = done.stdout.strip().splitlines()[-1].split()
+            figure = Calibration(int(heap), None if resident == "-" else int(resident))
     except (OSError, ValueError, IndexError, subprocess.SubprocessError):
         figure = None
     try:
         recorded = json.loads(BUILT_FOR.read_text())
-        # null where it could not be measured: tried, so that set-up does not build again for it
-        figure = figure if figure and figure > 0 else None
-        recorded[HEAP_KEY] = figure
+        # null where they could not be measured: tried, so that set-up does not build again for them
+        figure = figure if figure and figure.heap_bytes > 0 else None
+        recorded[HEAP_KEY] = figure.heap_bytes if figure else None
+        recorded[RESIDENT_KEY] = figure.resident_bytes or None if figure else None
         BUILT_FOR.write_text(json.dumps(recorded))
     except (OSError, ValueError, TypeError):
         return None
@@ -407,7 +435,7 @@ def main(argv: list[str]) -> int:
         if figure is None:
             print("memdiag: a mark op's heap cannot be measured here (no library, or no mallinfo2)", file=sys.stderr)
             return 1
-        print(figure)
+        print(figure.heap_bytes, "-" if figure.resident_bytes is None else figure.resident_bytes)
         return 0
     if argv != ["build"]:
         print("usage: python -m memdiag.nativemarks build | calibrate", file=sys.stderr)
@@ -419,7 +447,8 @@ def main(argv: list[str]) -> int:
         return 1
     print(f"built {LIBRARY.name} in {time.monotonic() - start:.1f} s")
     figure = record_calibration()
-    print(f"a mark op takes {figure} bytes of heap" if figure else "a mark op's heap not measured")
+    print(f"a mark op takes {figure.heap_bytes} bytes of heap and {figure.resident_bytes} resident" if figure
+          else "a mark op's heap not measured")
     return 0
 
 

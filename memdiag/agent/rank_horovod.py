@@ -121,6 +121,8 @@ class HorovodRank:
             end["mark_ops"] = self.marks_made.ops_made
             if self.marks_made.op_heap_bytes:
                 end["mark_op_heap_bytes"] = self.marks_made.op_heap_bytes
+            if self.marks_made.op_resident_bytes:
+                end["mark_op_resident_bytes"] = self.marks_made.op_resident_bytes
         if self.hooks is not None and self.hooks.begins_shared:
             end["begins_shared"] = self.hooks.begins_shared
 

@@ -90,6 +90,7 @@ def rank_summary(records: RankRecords, live: dict[int, LiveStep] | None = None) 
         "marks_ring_bytes": records.start.get("marks_ring_bytes") if records.start else None,
         "mark_ops": end.get("mark_ops") if end else None,
         "mark_op_heap_bytes": end.get("mark_op_heap_bytes") if end else None,
+        "mark_op_resident_bytes": end.get("mark_op_resident_bytes") if end else None,
         "begins_shared": end.get("begins_shared") if end else None,
         "own_work_spans": len(work),
         "own_work_s": sum(max(0.0, w.get("t_end", 0.0) - w.get("t_start", 0.0)) for w in work) if work else None,

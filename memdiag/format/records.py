@@ -290,6 +290,7 @@ class EndRecord(_Record, total=False):
     bookkeeping_failures: dict[str, int]  # what memdiag could not do -> how often (absent: nothing failed)
     mark_ops: int  # native mark ops memdiag added to the job's graphs (docs/reference/records.md)
     mark_op_heap_bytes: int  # the C heap one takes, as measured when the library was built (absent: not)
+    mark_op_resident_bytes: int  # the resident memory (RSS) one takes, likewise (absent: not measured)
     begins_shared: int  # all-reduces of small conds that began with their graph's one shared mark
 
 

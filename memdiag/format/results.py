@@ -103,6 +103,7 @@ class RankSummary(TypedDict, total=False):
     marks_ring_bytes: int | None
     mark_ops: int | None  # native mark ops added to the graphs (the end record's)
     mark_op_heap_bytes: int | None  # the C heap one takes, measured at the library's build (the end record's)
+    mark_op_resident_bytes: NotRequired[int | None]  # the resident memory (RSS) one takes, likewise
     begins_shared: int | None  # all-reduces under 64 KiB whose begin was their graph's shared mark
     own_work_spans: int  # memdiag's own work on the rank (own_work records), cut out of every step
     own_work_s: float | None  # their seconds in all (None: none)

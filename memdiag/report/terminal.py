@@ -254,11 +254,19 @@ def own_memory_line(summary: RunSummary) -> str | None:
     if ops:
         line += f"; it added {ops} mark ops to the job's graphs (at most two per collective in each graph traced)"
         each = max((r.get("mark_op_heap_bytes") or 0 for r in summary["ranks"]), default=0)
+        resident = max((r.get("mark_op_resident_bytes") or 0 for r in summary["ranks"]), default=0)
         if each:
-            line += (f", about {format_bytes(ops * each)} of heap at {format_bytes(each)} each (a mark op's heap "
-                     "as measured when memdiag's native marks were built for this TensorFlow, not in this run; the "
-                     "resident memory they cost is more, with the allocator's slack); made when a step is traced, "
-                     "they are in the level of every step after it (docs/explanation/overhead.md)")
+            line += f", about {format_bytes(ops * each)} of heap at {format_bytes(each)} each"
+            if resident:
+                line += (f" and {format_bytes(ops * resident)} resident at {format_bytes(resident)} each (a mark "
+                         "op's heap and resident memory as measured when memdiag's native marks were built for "
+                         "this TensorFlow, not in this run)")
+            else:
+                line += (" (a mark op's heap as measured when memdiag's native marks were built for this "
+                         "TensorFlow, not in this run; the resident memory they cost is more, with the "
+                         "allocator's slack)")
+            line += ("; made when a step is traced, they are in the level of every step after it "
+                     "(docs/explanation/overhead.md)")
         else:
             line += (", whose memory is in the steps' figures and not measured (docs/explanation/overhead.md; "
                      "python -m memdiag.nativemarks build measures a mark op's)")

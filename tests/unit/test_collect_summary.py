@@ -148,6 +148,7 @@ def test_the_mark_ops_heap_is_stated_where_the_build_measured_a_mark_op(tmp_path
         file.write_text("".join(json.dumps(r) + "\n" for r in records))
     s = summarize(load_run(str(path)))
     assert [r["mark_op_heap_bytes"] for r in s["ranks"]] == [16_000, 16_000]
+    assert [r["mark_op_resident_bytes"] for r in s["ranks"]] == [None, None]
     # THEN the report gives the most mark ops times the figure (44 x 16,000 = 704,000 bytes, 688 KiB), says
     # where the figure comes from, and where the memory sits
     line = own_memory_line(s)
@@ -157,6 +158,13 @@ def test_the_mark_ops_heap_is_stated_where_the_build_measured_a_mark_op(tmp_path
     assert "as measured when memdiag's native marks were built for this TensorFlow, not in this run" in line
     assert "the resident memory they cost is more, with the allocator's slack" in line
     assert "in the level of every step after it" in line
+    # with the build's resident figure too (30,000 bytes: 44 x 30,000 = 1,320,000 bytes, 1.26 MiB), both
+    both = own_memory_line({"ranks": [{**r, "mark_op_resident_bytes": 30_000} for r in s["ranks"]]})
+    assert both is not None
+    assert ("about 688 KiB of heap at 15.6 KiB each and 1.26 MiB resident at 29.3 KiB each (a mark op's heap and "
+            "resident memory as measured when memdiag's native marks were built for this TensorFlow, not in this "
+            "run)") in both
+    assert "is more, with the allocator's slack" not in both
     # without the build's figure, the line says it is not measured and how to measure it
     bare = own_memory_line({"ranks": [{**r, "mark_op_heap_bytes": None} for r in s["ranks"]]})
     assert bare is not None and "not measured" in bare and "python -m memdiag.nativemarks build" in bare

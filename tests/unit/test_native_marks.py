@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -444,14 +445,20 @@ def test_record_every_drains_the_marks_at_most_that_often_and_early_when_the_rin
 def test_the_build_measures_the_heap_a_mark_op_takes_and_the_ranks_carry_it(marks, tmp_path, monkeypatch):
     # GIVEN the library the tests load, measured by the calibration twice at one size and once at twice it
     library = Path(marks._c._name)
-    first, again, larger = (nativemarks.calibrate(conds, library) for conds in (64, 64, 128))
+    measured = [nativemarks.calibrate(conds, library) for conds in (64, 64, 128)]
     # THEN a mark op takes some KiB of heap (a graph node, its function's copy and its kernel), the same
     # figure again at the same size, and about the same per op in a function twice the size: a marginal
     # cost per op, not a fixed cost spread over them
-    assert first is not None and again is not None and larger is not None
+    assert all(m is not None for m in measured)
+    first, again, larger = (m.heap_bytes for m in measured if m is not None)
     assert 1024 < first < 256 * 1024
     assert abs(again - first) <= 0.1 * first
     assert abs(larger - first) <= 0.35 * first
+    # AND a resident figure beside it, read from the process's RSS (on Linux), some KiB too
+    resident = [m.resident_bytes for m in measured if m is not None]
+    # (in this long-lived process a later function can reuse pages an earlier one freed: the build measures
+    # it in a fresh process of its own, below)
+    assert all(r is not None and 0 <= r < 512 * 1024 for r in resident)
     # AND load() hands the build's figure to the marks it loads, which a rank puts in its end record
     built = tmp_path / "built.json"
     monkeypatch.setattr(nativemarks, "BUILT_FOR", built)
@@ -460,12 +467,44 @@ def test_the_build_measures_the_heap_a_mark_op_takes_and_the_ranks_carry_it(mark
         words = nativemarks.RECORD_WORDS
 
         def __init__(self, library, ring_file=None):
-            self.op_heap_bytes = None
+            self.op_heap_bytes = self.op_resident_bytes = None
 
     monkeypatch.setattr(nativemarks, "Marks", TheOp)
+    built.write_text(json.dumps({"tensorflow": tf.__version__, nativemarks.HEAP_KEY: first,
+                                 nativemarks.RESIDENT_KEY: 27_000}))
+    loaded, _ = nativemarks.load({})
+    assert loaded is not None and loaded.op_heap_bytes == first and loaded.op_resident_bytes == 27_000
+    assert not nativemarks.needs_build()  # written after the source: built, both figures measured
+    built.write_text(json.dumps({"tensorflow": tf.__version__}))  # built before the figures were measured
+    loaded, _ = nativemarks.load({})
+    assert loaded is not None and loaded.op_heap_bytes is None and loaded.op_resident_bytes is None
+    assert nativemarks.needs_build()
+    # a library built when only the heap was measured is built again, to measure the resident figure too
     built.write_text(json.dumps({"tensorflow": tf.__version__, nativemarks.HEAP_KEY: first}))
-    loaded, _ = nativemarks.load({})
-    assert loaded is not None and loaded.op_heap_bytes == first
-    built.write_text(json.dumps({"tensorflow": tf.__version__}))  # built before the figure was measured
-    loaded, _ = nativemarks.load({})
-    assert loaded is not None and loaded.op_heap_bytes is None
+    assert nativemarks.needs_build()
+
+
+def test_the_build_keeps_both_figures_the_calibrating_process_prints(tmp_path, monkeypatch):
+    # GIVEN the calibration's process printing "HEAP RESIDENT" ("-" where RSS cannot be read)
+    built = tmp_path / "built.json"
+    monkeypatch.setattr(nativemarks, "BUILT_FOR", built)
+    printed = {"out": "13700 28000\n"}
+
+    def fake_run(cmd, **kwargs):
+        assert cmd[1:] == ["-m", "memdiag.nativemarks", "calibrate"]
+        return subprocess.CompletedProcess(cmd, 0, stdout=printed["out"], stderr="")
+
+    monkeypatch.setattr(nativemarks.subprocess, "run", fake_run)
+    built.write_text(json.dumps({"tensorflow": "2.15.1"}))
+    # THEN both are kept beside the TensorFlow version, and returned
+    assert nativemarks.record_calibration() == nativemarks.Calibration(13700, 28000)
+    assert json.loads(built.read_text()) == {"tensorflow": "2.15.1", nativemarks.HEAP_KEY: 13700,
+                                             nativemarks.RESIDENT_KEY: 28000}
+    # AND without a resident figure, the heap's alone, the other kept as null (tried: not built again for it)
+    printed["out"] = "13700 -\n"
+    assert nativemarks.record_calibration() == nativemarks.Calibration(13700, None)
+    assert json.loads(built.read_text())[nativemarks.RESIDENT_KEY] is None
+    # AND a process that printed nothing usable leaves both null
+    printed["out"] = "oops\n"
+    assert nativemarks.record_calibration() is None
+    assert json.loads(built.read_text())[nativemarks.HEAP_KEY] is None
