@@ -293,7 +293,9 @@ class Calibration:
 
 
 def resident_bytes() -> int | None:
-    """The process's resident set size from /proc/self/statm (None where there is none)."""
+    """The process's resident set size from /proc/self/statm (None where there is none). The sampler's reader
+    (memdiag.agent.sampler.read_rss) keeps its file open for every sample; this module sits below the agent
+    and reads it a few times, at the build."""
     try:
         with open("/proc/self/statm", encoding="ascii") as statm:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from memdiag._errors import UserError
 from memdiag.analyze.precision import difference_standard_error, repeats_for, slope_standard_error, within
-from memdiag.analyze.ranks_spread import expected_largest_normal, largest_of_ranks_growth, pooled_sd
+from memdiag.analyze.ranks_spread import largest_of_ranks_growth, pooled_sd
 from memdiag.format.results import Comparison, GrowthSegment, Physics, RunSummary
 
 
@@ -129,7 +129,7 @@ def physics(result: Comparison, summaries: dict[tuple[int, str], RunSummary]) ->
         heap_beyond = None if heap_free is None or heap_noise is None else bool(abs(heap_free) * (b - a) > heap_noise)
         kept = heap_free if heap_free is not None and heap_free > 0 and heap_beyond is not False else 0.0
         # the ranks' spread alone: the largest of b ranks stands this much higher per added rank than of a
-        term = None if not rank_sd else rank_sd * (expected_largest_normal(b) - expected_largest_normal(a)) / (b - a)
+        term = None if not rank_sd else largest_of_ranks_growth(rank_sd, [a, b])
         ends = [spread(a, "sparse"), spread(b, "sparse")]
         se = None if None in ends else slope_standard_error([(float(n), *e) for n, e in zip((a, b), ends) if e])
 
