@@ -8,7 +8,8 @@ For each script of ``examples/`` (each an ordinary Horovod script), interleaved 
   the same VmHWM in their ``end`` records.
 
 It prints, per script: the collectives memdiag recorded on rank 0, whether they equal those in the
-plain run's Horovod timeline (op, dtype, output shape, count), whether the script's printed losses and
+plain run's Horovod timeline (op, dtype, output shape, count; where they differ, each differing run's
+timeline or records with what they have more and less), whether the script's printed losses and
 final digest are identical, and the largest rank's VmHWM plain vs memdiag (median and spread over the
 repeats) with the ratio. A difference smaller than the larger spread is "within noise".
 
@@ -20,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import re
@@ -93,6 +95,11 @@ def traced(script: str, args: list[str], ranks: int, work: str) -> dict:
             "collectives": timeline_collectives(read_timeline(os.path.join(out, "horovod-timeline.json")).events)}
 
 
+def _difference(found: collections.Counter, issued: collections.Counter) -> str:
+    """What ``found`` has beyond the plain run's timeline (+) and lacks (-), by (op, dtype, shape)."""
+    return f"+{dict(found - issued)} -{dict(issued - found)}"
+
+
 def spread(values: list[int]) -> int:
     return max(values) - min(values)
 
@@ -123,10 +130,20 @@ def main() -> None:
         traced_hwm = [r["hwm"] for r in traced_runs]
         difference = statistics.median(traced_hwm) - statistics.median(plain_hwm)
         noise = max(spread(plain_hwm), spread(traced_hwm))
+        # What differs from the first plain run's timeline, each memdiag run's own timeline and records
+        # apart: a run's records off the timeline would be memdiag's; both timelines off would be Horovod's.
+        differences = [f"memdiag run {i + 1}: {what} {_difference(found, issued)}"
+                       for i, r in enumerate(traced_runs)
+                       for what, found in (("timeline", r["collectives"]),
+                                           ("records", record_collectives(r["records"], unshaped_ops(issued))))
+                       if found != issued]
+        differences += [f"plain run {i + 2}: timeline {_difference(r['collectives'], issued)}"
+                        for i, r in enumerate(plain_runs[1:]) if r["collectives"] != issued]
         rows.append({
             "script": name,
             "collectives_recorded": sum(recorded.values()),
             "matches_timeline": recorded == issued and all(r["collectives"] == issued for r in traced_runs),
+            "differences": differences,
             "output_identical": all(r["output"] == plain_runs[0]["output"] for r in plain_runs + traced_runs),
             "plain_hwm_median": statistics.median(plain_hwm), "plain_hwm_spread": spread(plain_hwm),
             "memdiag_hwm_median": statistics.median(traced_hwm), "memdiag_hwm_spread": spread(traced_hwm),
@@ -139,6 +156,8 @@ def main() -> None:
               f"  VmHWM plain {row['plain_hwm_median'] / MiB:6.0f} ±{row['plain_hwm_spread'] / MiB:3.0f} MiB"
               f"  memdiag {row['memdiag_hwm_median'] / MiB:6.0f} ±{row['memdiag_hwm_spread'] / MiB:3.0f} MiB"
               f"  x{row['ratio']:.3f}  {'within noise' if row['within_noise'] else 'BEYOND NOISE'}", flush=True)
+        for line in differences:
+            print(f"    {line}", flush=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"ranks": args.ranks, "repeats": args.repeats, "rows": rows}, f, indent=2)

@@ -8,6 +8,12 @@ Jobs (``--jobs``, comma-separated):
                 2 warm-up batches and 1 iteration of 3 (5 steps; 158 gradients, 262 variables broadcast)
     resnet50    the same benchmark with ResNet50, batch 2 (5 steps; 161 gradients)
     manyvars    probes/many_variables_script.py: 1,000 variables of 16 floats, 5 steps
+    transformer the README's built-in workload, preset small, 5 steps, ``--mode sparse`` (Horovod's default);
+                its plain side is probes/builtin_plain.py: the same training loop with nothing watching it
+    resnet50-builtin  the built-in ResNet-50 workload, preset tiny, 5 steps, the same way
+
+The built-in workloads' ranks run unbound under memdiag (they size TensorFlow's pools themselves), so
+their plain side runs ``mpirun --bind-to none``; a script's plain side runs as ``mpirun`` binds it.
 
 Per run: the wall time of the whole command (``mpirun ...`` against ``memdiag run ...``, which includes
 memdiag's collect, summary and report), split into parts (plain: the longest rank process, start to
@@ -44,7 +50,11 @@ JOBS = {
     "mobilenet": (BENCH, [*SYNTHETIC, "--model", "MobileNetV2", "--batch-size", "4"]),
     "resnet50": (BENCH, [*SYNTHETIC, "--model", "ResNet50", "--batch-size", "2"]),
     "manyvars": (os.path.join(ROOT, "probes", "many_variables_script.py"), ["--variables", "1000", "--steps", "5"]),
+    "transformer": ("transformer", ["--preset", "small", "--steps", "5"]),
+    "resnet50-builtin": ("resnet50", ["--preset", "tiny", "--steps", "5"]),
 }
+BUILTINS = ("transformer", "resnet50")  # memdiag's own workloads: run by name, not as a script
+BUILTIN_PLAIN = os.path.join(ROOT, "probes", "builtin_plain.py")
 HWM_LINE = re.compile(r"memdiag-watch-hwm rank=(\d+) kib=(\d+) s=([0-9.]+)")
 MiB = 2**20
 
@@ -53,8 +63,10 @@ def plain(script: str, args: list[str], ranks: int, work: str) -> dict:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     timed = ["sh", "-c", 'exec /usr/bin/time -f "memdiag-watch-hwm rank=$OMPI_COMM_WORLD_RANK kib=%M s=%e" "$@"',
              "sh"]
+    builtin = script in BUILTINS
     cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "-x", "TF_CPP_MIN_LOG_LEVEL",
-           *(["--allow-run-as-root"] if os.geteuid() == 0 else []), *timed, sys.executable, script, *args]
+           *(["--bind-to", "none"] if builtin else []), *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
+           *timed, sys.executable, *([BUILTIN_PLAIN] if builtin else []), script, *args]
     start = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=1200)
     wall = time.monotonic() - start
@@ -70,7 +82,8 @@ def plain(script: str, args: list[str], ranks: int, work: str) -> dict:
 def traced(script: str, args: list[str], ranks: int, work: str) -> dict:
     out = os.path.join(work, "run")
     start, clock = time.monotonic(), time.time()
-    done = subprocess.run([sys.executable, "-m", "memdiag", "run", script, "-n", str(ranks), "--out", out, "--", *args],
+    rest = ["--mode", "sparse", *args] if script in BUILTINS else ["--", *args]
+    done = subprocess.run([sys.executable, "-m", "memdiag", "run", script, "-n", str(ranks), "--out", out, *rest],
                           capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=1200)
     wall = time.monotonic() - start
     if done.returncode != 0:
