@@ -73,9 +73,11 @@ class ParameterCapture:
     def _read(self, var: Any) -> np.ndarray[Any, Any] | None:
         import tensorflow as tf
 
+        from memdiag.workloads.loop import value_view
+
         try:
             with tf.init_scope():
-                return np.asarray(var.numpy())  # a copy of its own: the variable's value read now
+                return value_view(var)  # the variable's value read now, without a copy
         except Exception as exc:  # noqa: BLE001 - a variable of a graph gone out of scope
             self._on_failure("read a parameter", exc)
             return None

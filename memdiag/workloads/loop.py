@@ -47,11 +47,22 @@ class WorkloadContext:
     agreement: Agreement | None = None
 
 
+def value_view(var: Any) -> np.ndarray[Any, Any]:
+    """A variable's value now, as a NumPy view of the tensor a read of it returns: on the CPU that tensor
+    shares the variable's buffer, so nothing is copied (``var.numpy()`` copies the whole value, and the
+    freed copies stayed resident in the rank). The view is a snapshot: a later update of the variable
+    writes to a buffer of its own while the view is alive. Anything without ``read_value`` (a Keras 3
+    variable, a stand-in) is read by its ``numpy()``."""
+    read = getattr(var, "read_value", None)
+    return np.asarray(read() if callable(read) else var.numpy())
+
+
 def parameter_digest(variables: list[Any]) -> str:
-    """Exact fingerprint of all parameters: equal on every rank iff the parameters are identical."""
+    """Exact fingerprint of all parameters: equal on every rank iff the parameters are identical. Each is
+    hashed from a view of its value (:func:`value_view`), one at a time."""
     digest = hashlib.blake2b(digest_size=16)
     for var in variables:
-        digest.update(np.ascontiguousarray(var.numpy()).data)  # its buffer: the same bytes, without a copy
+        digest.update(np.ascontiguousarray(value_view(var)).reshape(-1).view(np.uint8).data)
     return digest.hexdigest()
 
 
@@ -120,9 +131,9 @@ def variable_name(var: Any) -> str:
 def save_parameters(path: str, variables: list[Any], names: list[str] | None = None) -> None:
     """``variables`` to ``path`` as "INDEX:NAME" arrays of an .npz archive (what np.savez writes and
     np.load reads), named by :func:`variable_name` unless ``names`` says otherwise; one variable read at a
-    time (:func:`save_arrays`)."""
+    time (:func:`save_arrays`), from a view of its value (:func:`value_view`)."""
     names = [variable_name(var) for var in variables] if names is None else names
-    save_arrays(path, ((name, var.numpy()) for name, var in paired(names, variables)))
+    save_arrays(path, ((name, value_view(var)) for name, var in paired(names, variables)))
 
 
 def save_arrays(path: str, arrays: Iterable[tuple[str, Any]], empty: bool = True) -> int:

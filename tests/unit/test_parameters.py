@@ -125,3 +125,55 @@ def test_a_scalar_variable_is_saved_with_its_shape(tmp_path):
     path = tmp_path / "scalar.npz"
     digest_and_save(str(path), iter([("step:0", np.int64(3)), ("w:0", np.ones([2], np.float32))]))
     assert {name: value.shape for name, value in load_parameters(str(path)).items()} == {"step:0": (), "w:0": (2,)}
+
+
+def _traced_peak(read) -> int:
+    """The most memory Python and NumPy allocated (tracemalloc, which counts NumPy's array data) while
+    ``read()`` ran, above where it began."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        read()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return peak - before
+
+
+def test_reading_hashing_and_saving_the_parameters_copies_no_value(tmp_path):
+    # GIVEN a 16 MiB variable (a copy of its value would be 16 MiB of NumPy data)
+    import hashlib
+
+    from memdiag.workloads import loop
+
+    table = tf.Variable(tf.random.uniform([4096, 1024], seed=1), name="table")
+    expected = hashlib.blake2b(table.numpy().tobytes(), digest_size=16).hexdigest()
+    params, failures = capture()
+    params.add("table:0", table)
+    # WHEN the built-in loop's digest, the agent's read-hash-and-save and the final save read it
+    digests: list[str] = []
+    peaks = {
+        "digest": _traced_peak(lambda: digests.append(loop.parameter_digest([table]))),
+        "read, hash and save": _traced_peak(lambda: digest_and_save(str(tmp_path / "a.npz"), params.each_eager())),
+        "save": _traced_peak(lambda: loop.save_parameters(str(tmp_path / "b.npz"), [table])),
+    }
+    # THEN none of them copies the value (a few KiB of bookkeeping, not 16 MiB), and the bytes are the value's
+    assert all(peak < 1 << 20 for peak in peaks.values()), peaks
+    assert digests == [expected] and not failures
+    for name in ("a.npz", "b.npz"):
+        with np.load(tmp_path / name) as saved:
+            np.testing.assert_array_equal(saved[saved.files[0]], table.numpy())
+
+
+def test_a_value_read_without_a_copy_is_the_value_when_read_and_the_variable_still_trains():
+    from memdiag.workloads.loop import value_view
+
+    v = tf.Variable([1.0, 2.0, 3.0])
+    view = value_view(v)
+    v.assign_add([1.0, 1.0, 1.0])  # the job's update while the view is held
+    np.testing.assert_array_equal(view, [1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(value_view(v), [2.0, 3.0, 4.0])
+    np.testing.assert_array_equal(v.numpy(), [2.0, 3.0, 4.0])
