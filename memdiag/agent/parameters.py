@@ -83,8 +83,9 @@ class ParameterCapture:
             return None
 
     def each_eager(self) -> Iterator[tuple[str, np.ndarray[Any, Any]]]:
-        """Every variable that has an eager value, in name order, each read as it is reached: whoever
-        takes them one at a time holds one variable's copy at a time, not the model's."""
+        """Every variable that has an eager value, in name order, each read as it is reached, as a view of
+        its value (no copy: :func:`memdiag.workloads.loop.value_view`): whoever takes them one at a time
+        holds one variable's value at a time, which the variable's own buffer holds anyway."""
         eager = self._eager()
         for name in sorted(eager):
             value = self._read(eager[name])
@@ -191,9 +192,9 @@ def digest(values: dict[str, np.ndarray[Any, Any]]) -> str | None:
 def digest_and_save(path: str | None, values: Iterable[tuple[str, np.ndarray[Any, Any]]]) -> tuple[str | None, int]:
     """:func:`digest` of ``values`` ((name, value) in name order), and with ``path`` the values saved there
     (:func:`memdiag.workloads.loop.save_arrays`), one value at a time: a value read lazily
-    (``each_eager``) is held only while it is hashed and written, so memdiag adds one variable's copy to
-    the rank, not the model's (on ResNet50, 98 MiB). Returns the digest (None: no values) and how many
-    values there were."""
+    (``each_eager``, a view of its value) is held only while it is hashed and written, so memdiag copies no
+    variable of the model (on ResNet50, 98 MiB) but a graph's, which its session returns as copies. Returns
+    the digest (None: no values) and how many values there were."""
     from memdiag.workloads.loop import save_arrays
 
     h = hashlib.blake2b(digest_size=16)

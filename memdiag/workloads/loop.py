@@ -141,10 +141,10 @@ def save_arrays(path: str, arrays: Iterable[tuple[str, Any]], empty: bool = True
     archive; returns how many. ``empty``: write an archive of none where there are none (else no file).
 
     Each value is written from its own buffer and let go before the next is taken, so with values read
-    as they are reached (a generator), the save holds one copy of one variable and no buffers of its
-    own: np.savez holds every array at once and copies each through 16 MiB chunks, which glibc keeps
-    (that way the save peaked above all the arrays together and RSS stayed a chunk higher; this way,
-    one variable's copy, and back where it began; measured:
+    as they are reached (a generator), the save holds one variable's value (a view of it, from
+    :func:`value_view`, copies nothing) and no buffers of its own: np.savez holds every array at once and
+    copies each through 16 MiB chunks, which glibc keeps (that way the save peaked above all the arrays
+    together and RSS stayed a chunk higher; this way it stays where it began; measured:
     docs/notes/memory.md#memdiags-own-work-inside-a-step)."""
     tmp = path + ".tmp"
     archive: zipfile.ZipFile | None = None
