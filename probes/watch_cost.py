@@ -26,7 +26,8 @@ Printed per job: medians and spreads (max - min over the repeats), the wall rati
 rank the VmHWM difference against the larger spread ("within noise" when it is smaller), and each
 variant's parts, medians::
 
-    .venv/bin/python probes/watch_cost.py [--ranks 2] [--repeats 3] [--jobs mobilenet,resnet50,manyvars]
+    .venv/bin/python probes/watch_cost.py [--ranks 2] [--repeats 3]
+        [--jobs mobilenet,resnet50,manyvars,transformer,resnet50-builtin]
         [--json FILE]
 """
 
