@@ -61,8 +61,9 @@ def main() -> None:
 
     import tensorflow as tf
 
-    local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1"))
-    tf.config.threading.set_intra_op_parallelism_threads(max(1, (os.cpu_count() or 1) // local))
+    from memdiag.agent.rank_env import ranks_on_node  # as the agent reads its launcher's variables
+
+    tf.config.threading.set_intra_op_parallelism_threads(max(1, (os.cpu_count() or 1) // ranks_on_node()))
     tf.config.threading.set_inter_op_parallelism_threads(1)
     import horovod.tensorflow as hvd
 

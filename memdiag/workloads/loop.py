@@ -62,7 +62,7 @@ def parameter_digest(variables: list[Any]) -> str:
     hashed from a view of its value (:func:`value_view`), one at a time."""
     digest = hashlib.blake2b(digest_size=16)
     for var in variables:
-        digest.update(np.ascontiguousarray(value_view(var)).reshape(-1).view(np.uint8).data)
+        digest.update(np.ascontiguousarray(value_view(var)).data)  # the view's bytes, without a copy
     return digest.hexdigest()
 
 
